@@ -1,0 +1,1 @@
+"""Prefect flows, deployments, the CLI and the local services: wiring only, the work is in `stages/`."""

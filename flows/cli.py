@@ -1,0 +1,207 @@
+"""The `rlhf` command: run pipelines in-process, serve the deployments, manage the local services.
+
+Environment defaults are set before Prefect is imported (it reads its settings at import): everything goes under
+the state dir (`$RLHF_HOME`, else `./.rlhf`) unless `PREFECT_HOME`, `PREFECT_API_URL` or `MLFLOW_TRACKING_URI`
+say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PIPELINES = ("full", "sft", "reward", "ppo", "eval")
+DEPLOYMENTS = PIPELINES
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("RLHF_HOME") or Path.cwd() / ".rlhf").resolve()
+
+
+def configure_env(use_services: bool = True) -> Path:
+    state = state_dir()
+    os.environ["RLHF_HOME"] = str(state)
+    os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
+    # The analytics ping makes concurrent server starts fail with "database is locked".
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    if use_services and "PREFECT_API_URL" not in os.environ:
+        from flows.services import running_prefect_api
+
+        api = running_prefect_api(state)
+        if api:  # `rlhf up` is running: show this run in its UI instead of a throwaway ephemeral server
+            os.environ["PREFECT_API_URL"] = api
+    return state
+
+
+def prestart_ephemeral_prefect():
+    """Without a Prefect server, start Prefect's throwaway one in the background now, so its ~8 s start overlaps
+    the torch/transformers imports instead of following them. Returns a thread to join before the flow runs."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    os.environ.setdefault("PREFECT_UI_ENABLED", "false")  # the throwaway server needs no UI: halves its start
+    import threading
+
+    from prefect.server.api.server import SubprocessASGIServer
+
+    thread = threading.Thread(target=SubprocessASGIServer().start, name="prefect-ephemeral", daemon=True)
+    thread.start()
+    return thread
+
+
+def preset_layer(name: str) -> tuple[str, dict]:
+    import yaml
+
+    files = Path(__file__).parent / "presets"
+    path = files / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml"))
+        raise SystemExit(f"rlhf: unknown preset {name!r}; known presets: {', '.join(known)}")
+    return f"preset {name}", yaml.safe_load(path.read_text()) or {}
+
+
+def file_layer(path: str) -> tuple[str, dict]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise SystemExit(f"rlhf: config file {path} does not exist")
+    try:
+        return str(p), yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SystemExit(f"rlhf: {path}: invalid YAML: {e}") from None
+
+
+def load_config(preset: str, config_file: str | None, sets: list[str]):
+    from rlhf_lib.config import ConfigError, build_config
+
+    layers = [preset_layer(preset)] + ([file_layer(config_file)] if config_file else [])
+    try:
+        return build_config(layers, sets)
+    except ConfigError as e:
+        raise SystemExit(f"rlhf: bad config:\n{e}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.preset, args.config, args.set or [])
+    configure_env()
+    starting = prestart_ephemeral_prefect()
+    import torch
+
+    torch.set_num_threads(cfg.torch_threads)
+    from flows.pipeline import rlhf
+
+    if starting is not None:
+        starting.join()
+
+    summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [])
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"pipeline {summary['pipeline']}: {summary['status']} in {summary['seconds']} s")
+    for stage, s in summary["stages"].items():
+        print(f"  {stage:7s} {s['status']:7s} {s['seconds']:7.1f} s  {s.get('model_uri') or s['mlflow_run_id']}")
+    for k, v in (summary.get("eval") or {}).items():
+        print(f"  eval.{k} = {v if v is None else round(v, 4)}")
+    print(f"MLflow: {summary['mlflow_tracking_uri']} (parent run {summary['mlflow_run_id']})")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    configure_env(use_services=False)
+    from prefect import serve
+
+    from flows.pipeline import rlhf
+
+    cfg = load_config(args.preset, None, [])
+    deployments = [
+        rlhf.to_deployment(name=name, parameters={"pipeline": name, "config": cfg.model_dump()},
+                           description=f"RLHF pipeline up to its {name} stage (preset {args.preset}).",
+                           tags=["rlhf"])
+        for name in DEPLOYMENTS
+    ]
+    serve(*deployments, print_starting_message=True)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    state = configure_env(use_services=False)
+    from flows.services import up
+
+    urls = up(state)
+    print(f"Prefect UI: {urls['prefect_ui']}\nMLflow UI:  {urls['mlflow_ui']}\nlogs: {state / 'services'}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    state = configure_env(use_services=False)
+    from flows.services import down
+
+    stopped = down(state)
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    state = configure_env(use_services=False)
+    from flows.services import status
+
+    for name, s in status(state).items():
+        print(f"{name:8s} pid={s.get('pid')} alive={s.get('alive')} healthy={s.get('healthy')} {s.get('url', '')}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """`make demo`: services up, `prefect deployment run rlhf/full --watch`, then where to look."""
+    state = configure_env(use_services=False)
+    from flows.services import up
+
+    urls = up(state)
+    env = {**os.environ, "PREFECT_API_URL": urls["prefect_api"]}
+    cmd = [sys.executable, "-m", "prefect", "deployment", "run", "rlhf/full", "--watch"]
+    rc = subprocess.call(cmd, env=env)
+    print(f"\nPrefect UI: {urls['prefect_ui']}  (flow runs of `rlhf`, with the ppo sub-flow and its tasks)")
+    print(f"MLflow UI:  {urls['mlflow_ui']}  (experiment `rlhf`, models rlhf-sft / rlhf-reward / rlhf-policy)")
+    print("Stop the services with `make down`.")
+    return rc
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlhf", description="A reproducible RLHF pipeline of cached stages.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a pipeline in-process (no servers needed)")
+    r.add_argument("pipeline", choices=PIPELINES, help="the last stage to run; upstream stages run or are cached")
+    r.add_argument("--preset", default="demo", help="named preset: demo (default) or micro")
+    r.add_argument("--config", help="YAML file merged over the preset")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one key, e.g. ppo.kl_coef=0.1")
+    r.add_argument("--force", action="append", metavar="STAGE", help="recompute STAGE even on a cache hit")
+    r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line")
+    r.set_defaults(fn=cmd_run)
+    s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")
+    s.add_argument("--preset", default="demo", help="the config the deployments default to")
+    s.set_defaults(fn=cmd_serve)
+    for name, fn, text in (("up", cmd_up, "start the Prefect server, MLflow server and deployments"),
+                           ("down", cmd_down, "stop the local services"),
+                           ("status", cmd_status, "show the local services"),
+                           ("demo", cmd_demo, "services up, run rlhf/full, print where to look")):
+        sub.add_parser(name, help=text).set_defaults(fn=fn)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

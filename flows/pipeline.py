@@ -1,0 +1,105 @@
+"""The `rlhf` flow: data -> sft -> reward -> ppo -> eval, each a cached sub-flow. It reads like a table of
+contents; the stages do the work."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Literal
+
+import torch
+from mlflow import MlflowClient
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+
+from rlhf_lib.config import PipelineConfig
+from stages.base import RunContext
+from stages.cache import StageResult
+from stages.data import data_stage
+from stages.eval import eval_stage
+from stages.ppo import ppo_stage
+from stages.reward import reward_stage
+from stages.sft import sft_stage
+from stages.tracking import setup_mlflow, tracking_uri
+
+Pipeline = Literal["full", "sft", "reward", "ppo", "eval"]
+STAGES = ("data", "sft", "reward", "ppo", "eval")
+LAST_STAGE = {"full": "eval", "eval": "eval", "ppo": "ppo", "reward": "reward", "sft": "sft"}
+
+
+def config_hash(config: PipelineConfig) -> str:
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:8]
+
+
+def run_name() -> str:
+    """`<pipeline>-<config name>-<config hash>`, e.g. `full-demo-1a2b3c4d`."""
+    params = flow_run.parameters
+    cfg = params.get("config")
+    cfg = cfg if isinstance(cfg, PipelineConfig) else PipelineConfig.model_validate(cfg or {})
+    return f"{params.get('pipeline', 'full')}-{cfg.name}-{config_hash(cfg)}"
+
+
+@flow(name="rlhf", flow_run_name=run_name, validate_parameters=True)
+def rlhf(config: PipelineConfig = PipelineConfig(), pipeline: Pipeline = "full", force: list[str] | None = None) -> dict:
+    """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
+
+    `force` names stages to recompute even on a cache hit (what depends on them reruns because their
+    artifacts change identity).
+    """
+    force = list(force or [])
+    bad = sorted(set(force) - set(STAGES))
+    if bad:
+        raise ValueError(f"force: unknown stage(s) {bad}; expected some of {list(STAGES)}")
+    torch.set_num_threads(config.torch_threads)
+    t0 = time.perf_counter()
+    experiment_id = setup_mlflow()
+    client = MlflowClient()
+    name = flow_run.name or f"{pipeline}-{config.name}"
+    parent = client.create_run(experiment_id, run_name=name, tags={
+        "rlhf.pipeline": pipeline, "rlhf.config_hash": config_hash(config),
+        "rlhf.prefect_flow_run_id": str(flow_run.id or ""),
+    })
+    parent_id = parent.info.run_id
+    client.log_dict(parent_id, config.model_dump(), "config.json")
+    ctx = RunContext(experiment_id=experiment_id, parent_run_id=parent_id, force=force, pipeline=pipeline)
+    last = STAGES.index(LAST_STAGE[pipeline])
+    results: dict[str, StageResult] = {}
+    eval_metrics: dict | None = None
+    try:
+        results["data"] = data_stage(config, ctx)
+        if last >= 1:
+            results["sft"] = sft_stage(config, ctx, results["data"])
+        if last >= 2:
+            results["reward"] = reward_stage(config, ctx, results["data"], results["sft"])
+        if last >= 3:
+            results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], results["reward"])
+        if last >= 4:
+            results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"],
+                                                       results["reward"], results["ppo"])
+    except BaseException:
+        client.set_terminated(parent_id, "FAILED")
+        raise
+    all_cached = all(r.status == "cached" for r in results.values())
+    client.set_tag(parent_id, "rlhf.cache_hit", str(all_cached).lower())
+    client.set_terminated(parent_id, "FINISHED")
+    summary = {
+        "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
+        "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
+        "stages": {k: r.summary() for k, r in results.items()},
+        "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
+    }
+    _markdown(summary)
+    return summary
+
+
+def _markdown(summary: dict) -> None:
+    lines = [f"# RLHF pipeline `{summary['pipeline']}`", "",
+             f"MLflow parent run `{summary['mlflow_run_id']}` in `{summary['mlflow_tracking_uri']}`", "",
+             "| stage | status | MLflow run | model |", "| --- | --- | --- | --- |"]
+    for stage, s in summary["stages"].items():
+        lines.append(f"| {stage} | {s['status']} | `{s['mlflow_run_id']}` | {s.get('model_uri', '')} |")
+    if summary.get("eval"):
+        lines += ["", "| eval metric | value |", "| --- | --- |"]
+        lines += [f"| {k} | {v if v is None else round(v, 4)} |" for k, v in summary["eval"].items()]
+    create_markdown_artifact("\n".join(lines), key="rlhf-summary", description="Where this pipeline run's artifacts are")

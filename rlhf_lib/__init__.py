@@ -1,0 +1,1 @@
+"""RLHF library: data, models and the PPO algorithm in pure torch."""

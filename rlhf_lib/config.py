@@ -1,0 +1,194 @@
+"""Typed configuration: one pydantic model per stage, nested in `PipelineConfig`.
+
+Every field has a description (it is the help text in the Prefect UI form and in the README). Unknown keys and
+wrong types are errors: `extra="forbid"` plus pydantic's strict-enough coercion. Derived sizes (minibatch size,
+number of pairs per ranked list, ...) are computed where they are used, never set here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    """The built-in demo task (see data/README.md); paths override it with user data."""
+
+    seed: int = Field(0, description="Seed of the demo task generator: same seed, same data, byte for byte.")
+    n_train_prompts: int = Field(512, ge=8, description="Training prompts (SFT, reward model and PPO draw from them).")
+    n_eval_prompts: int = Field(64, ge=4, description="Held-out prompts, from slot combinations never seen in training.")
+    sft_per_prompt: int = Field(2, ge=1, description="SFT demonstrations per training prompt.")
+    ranked_per_prompt: int = Field(1, ge=1, description="Ranked lists per training prompt for the reward model.")
+    responses_per_list: int = Field(4, ge=2, description="K: responses per ranked list (K(K-1)/2 pairs each).")
+    rank_noise: float = Field(
+        0.5, ge=0.0, description="Bradley-Terry noise of the labeller: Gumbel scale added to the gold score "
+        "before ranking (0 = the gold order exactly).",
+    )
+    eval_pairs_per_prompt: int = Field(2, ge=1, description="Noise-free held-out pairs per eval prompt (RM accuracy).")
+
+
+class ModelConfig(_Section):
+    """The policy architecture: a hub name / local directory, or sizes for a fresh GPT-2."""
+
+    name_or_path: str | None = Field(
+        None, description="Hub name or local directory loaded with from_pretrained; null builds a fresh model.",
+    )
+    vocab_size: int = Field(512, ge=64, description="Size of the BPE tokenizer trained on the demo corpus.")
+    n_layer: int = Field(2, ge=1, description="Transformer blocks of a fresh model.")
+    n_head: int = Field(4, ge=1, description="Attention heads of a fresh model.")
+    n_embd: int = Field(128, ge=8, description="Hidden size of a fresh model (divisible by n_head).")
+    n_positions: int = Field(128, ge=16, description="Longest sequence (prompt + response) a fresh model handles.")
+    seed: int = Field(0, description="Seed of the fresh model's initialisation.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        return self
+
+
+class SFTConfig(_Section):
+    epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")
+    batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
+    seed: int = Field(0, description="Seed of data order.")
+
+
+class RewardConfig(_Section):
+    epochs: int = Field(2, ge=1, description="Passes over the ranked lists.")
+    batch_size: int = Field(16, ge=1, description="Ranked lists per optimizer step (all K(K-1)/2 pairs of each).")
+    lr: float = Field(5e-4, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
+    init_from_sft: bool = Field(True, description="Start the reward model's backbone from the SFT model.")
+    seed: int = Field(0, description="Seed of data order and the scalar head.")
+
+
+class PPOConfig(_Section):
+    iterations: int = Field(40, ge=1, description="Rollout/update iterations.")
+    batch_size: int = Field(64, ge=1, description="Prompts per rollout.")
+    max_new_tokens: int = Field(32, ge=1, description="Longest response; sampling stops early at EOS.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature; the same one divides logits in every log-prob.")
+    epochs: int = Field(4, ge=1, description="PPO epochs over each rollout.")
+    minibatches: int = Field(4, ge=1, description="Minibatches per epoch (batch_size must divide evenly).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of policy and value model.")
+    clip_eps: float = Field(0.2, gt=0, description="Clip range of the surrogate objective (PPO, eq. 7).")
+    value_clip: float = Field(0.2, gt=0, description="Clip range of the value prediction around the rollout's value.")
+    vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of GAE.")
+    lam: float = Field(0.95, ge=0, le=1, description="Lambda of GAE.")
+    kl_coef: float = Field(0.05, ge=0, description="Initial beta of the per-token KL penalty.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
+    adaptive_kl: bool = Field(True, description="Adapt beta toward target_kl (Ziegler et al. 2019).")
+    target_kl: float = Field(3.0, gt=0, description="Target of the adaptive controller: KL per response, in nats.")
+    kl_horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller, in samples.")
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the rollout (masked).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
+    seed: int = Field(0, description="Seed of prompt order and sampling.")
+
+    @model_validator(mode="after")
+    def _minibatches_divide(self) -> "PPOConfig":
+        if self.batch_size % self.minibatches:
+            raise ValueError(
+                f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.minibatches ({self.minibatches})"
+            )
+        return self
+
+
+class EvalConfig(_Section):
+    max_new_tokens: int = Field(32, ge=1, description="Longest response sampled on held-out prompts.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature of SFT and policy on held-out prompts.")
+    samples_in_report: int = Field(16, ge=0, description="Rows in the report's sample table.")
+    seed: int = Field(1234, description="Seed of held-out sampling (the same for SFT and policy).")
+
+
+class PipelineConfig(_Section):
+    """The whole pipeline: the Prefect flow's parameter and the CLI's config."""
+
+    name: str = Field("demo", description="Run name; shows in Prefect flow-run names and MLflow run names.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    ppo: PPOConfig = Field(default_factory=PPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    torch_threads: int = Field(2, ge=1, description="torch intra-op threads, set once per process.")
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `tree["a"]["b"] = value` for `dotted == "a.b"`, creating sub-dicts as needed."""
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        child = node.setdefault(k, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"config key {'.'.join(keys[:-1])!r} is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `override` wins. Neither input is modified."""
+    out = dict(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names each bad key and what it expected."""
+
+
+def _format_errors(err: Any, origin: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{origin}: unknown config key '{key}'")
+        else:
+            lines.append(f"{origin}: config key '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def build_config(layers: list[tuple[str, dict[str, Any]]], sets: list[str] = ()) -> PipelineConfig:
+    """Merge config layers (e.g. preset, then file) and `key=value` overrides, then validate.
+
+    Each layer is (origin, dict); the origin names the file in errors. Values of `--set` are parsed as YAML
+    scalars, so `ppo.kl_coef=0.1` is a float and `ppo.adaptive_kl=false` a bool.
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    merged: dict[str, Any] = {}
+    for origin, layer in layers:
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{origin}: expected a mapping of config keys, got {type(layer).__name__}")
+        merged = deep_merge(merged, layer)
+        try:
+            PipelineConfig.model_validate(merged)
+        except ValidationError as e:
+            raise ConfigError(_format_errors(e, origin)) from None
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. ppo.kl_coef=0.1")
+        try:
+            set_dotted(merged, key.strip(), yaml.safe_load(raw) if raw.strip() else raw)
+        except ValueError as e:
+            raise ConfigError(f"--set {item!r}: {e}") from None
+    try:
+        return PipelineConfig.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, "--set" if sets else "config")) from None

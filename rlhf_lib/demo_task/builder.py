@@ -1,0 +1,150 @@
+"""Build the demo task's JSONL files from a `DataConfig`: deterministic from `cfg.seed`, byte for byte.
+
+Each file draws from its own random stream (seeded with the seed and the file's name), so changing the size of one
+file leaves the others unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from ..config import DataConfig
+from ..data.records import read_pairs, read_ranked, read_sft, write_jsonl
+from .judge import gold_score
+from .responses import BROAD_MIX, SFT_MIX, sample_response
+from .slots import held_out_combos, parse_topic, prompts_for, train_combos
+
+EVAL_PAIR_MARGIN = 0.5  # gold(chosen) - gold(rejected) of held-out pairs: clear preferences, not coin flips
+_MAX_DRAWS = 10_000  # resampling guard; the response space is far larger than any list, so it is never reached
+
+FILE_NAMES: dict[str, str] = {
+    "sft": "sft.jsonl",
+    "preferences": "preferences.jsonl",
+    "prompts_train": "prompts_train.jsonl",
+    "prompts_eval": "prompts_eval.jsonl",
+    "eval_pairs": "eval_pairs.jsonl",
+}
+
+
+def _rng(seed: int, stream: str) -> random.Random:
+    # A str seed is hashed with SHA-512 by `random`, so it is stable across processes and PYTHONHASHSEED.
+    return random.Random(f"rlhf-demo-task:{seed}:{stream}")
+
+
+def _draw_prompts(rng: random.Random, pool: list[str], n: int) -> list[str]:
+    """`n` prompts: passes over a reshuffled pool, so every distinct prompt appears before any repeats."""
+    out: list[str] = []
+    while len(out) < n:
+        order = list(pool)
+        rng.shuffle(order)
+        out.extend(order)
+    return out[:n]
+
+
+def _gumbel(rng: random.Random) -> float:
+    u = min(max(rng.random(), 1e-12), 1.0 - 1e-12)  # keep both logs finite
+    return -math.log(-math.log(u))
+
+
+def _topic(prompt: str) -> str:
+    topic = parse_topic(prompt)
+    assert topic is not None, "demo prompts always name a topic"
+    return topic
+
+
+def ranked_list(rng: random.Random, prompt: str, k: int, noise: float) -> dict[str, Any]:
+    """K distinct responses in generation order, ranked best first by gold score + `noise` x Gumbel.
+
+    Sorting Gumbel-perturbed scores samples a Plackett-Luce ranking with weights exp(gold / noise); each pair's
+    marginal is Bradley-Terry, P(i above j) = sigmoid((gold_i - gold_j) / noise). noise = 0 gives the gold order
+    (ties broken by position).
+    """
+    topic = _topic(prompt)
+    responses: list[str] = []
+    draws = 0
+    while len(responses) < k:
+        draws += 1
+        if draws > _MAX_DRAWS:
+            raise RuntimeError(f"could not draw {k} distinct responses")
+        _, text = sample_response(rng, BROAD_MIX, topic)
+        if text not in responses:  # identical responses would be ties the labeller cannot order
+            responses.append(text)
+    noisy = [gold_score(prompt, r) + (noise * _gumbel(rng) if noise > 0 else 0.0) for r in responses]
+    ranking = sorted(range(k), key=lambda i: (-noisy[i], i))
+    return {"prompt": prompt, "responses": responses, "ranking": ranking}
+
+
+def eval_pair(rng: random.Random, prompt: str, margin: float = EVAL_PAIR_MARGIN) -> dict[str, str]:
+    """A noise-free pair whose gold scores differ by at least `margin`."""
+    topic = _topic(prompt)
+    for _ in range(_MAX_DRAWS):
+        (_, a), (_, b) = sample_response(rng, BROAD_MIX, topic), sample_response(rng, BROAD_MIX, topic)
+        ga, gb = gold_score(prompt, a), gold_score(prompt, b)
+        if abs(ga - gb) >= margin:
+            chosen, rejected = (a, b) if ga > gb else (b, a)
+            return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    raise RuntimeError(f"could not draw a pair with gold margin >= {margin}")
+
+
+def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
+    """Write the demo task's five JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = cfg.seed
+    train = _draw_prompts(_rng(seed, "prompts_train"), prompts_for(train_combos()), cfg.n_train_prompts)
+    evals = _draw_prompts(_rng(seed, "prompts_eval"), prompts_for(held_out_combos()), cfg.n_eval_prompts)
+
+    rng = _rng(seed, "sft")
+    sft = [
+        {"prompt": p, "response": sample_response(rng, SFT_MIX, _topic(p))[1]}
+        for p in train
+        for _ in range(cfg.sft_per_prompt)
+    ]
+    rng = _rng(seed, "preferences")
+    prefs = [
+        ranked_list(rng, p, cfg.responses_per_list, cfg.rank_noise) for p in train for _ in range(cfg.ranked_per_prompt)
+    ]
+    rng = _rng(seed, "eval_pairs")
+    pairs = [eval_pair(rng, p) for p in evals for _ in range(cfg.eval_pairs_per_prompt)]
+
+    rows: dict[str, list[dict[str, Any]]] = {
+        "sft": sft,
+        "preferences": prefs,
+        "prompts_train": [{"prompt": p} for p in train],
+        "prompts_eval": [{"prompt": p} for p in evals],
+        "eval_pairs": pairs,
+    }
+    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in FILE_NAMES}
+
+
+def summarize(paths: dict[str, Path]) -> dict[str, float]:
+    """Gold-score statistics of built files (for the README and sanity checks).
+
+    Keys: mean gold of SFT demos; of the top-ranked, bottom-ranked and all responses of ranked lists; of eval
+    pairs' chosen and rejected; and `label_agreement`, the fraction of (untied) pairs implied by the rankings whose
+    order agrees with the gold score (1.0 when rank_noise = 0).
+    """
+    sft = read_sft(paths["sft"]).rows
+    ranked = read_ranked(paths["preferences"]).rows
+    pairs = read_pairs(paths["eval_pairs"]).rows
+    agree = total = 0
+    for ex in ranked:
+        scores = [gold_score(ex.prompt, r) for r in ex.responses]  # best first
+        for i in range(len(scores)):
+            for j in range(i + 1, len(scores)):
+                if scores[i] != scores[j]:
+                    total += 1
+                    agree += scores[i] > scores[j]
+    return {
+        "sft_mean_gold": fmean(gold_score(e.prompt, e.response) for e in sft),
+        "ranked_best_mean_gold": fmean(gold_score(e.prompt, e.responses[0]) for e in ranked),
+        "ranked_worst_mean_gold": fmean(gold_score(e.prompt, e.responses[-1]) for e in ranked),
+        "ranked_all_mean_gold": fmean(gold_score(e.prompt, r) for e in ranked for r in e.responses),
+        "eval_chosen_mean_gold": fmean(gold_score(e.prompt, e.chosen) for e in pairs),
+        "eval_rejected_mean_gold": fmean(gold_score(e.prompt, e.rejected) for e in pairs),
+        "label_agreement": agree / total if total else 1.0,
+    }

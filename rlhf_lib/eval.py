@@ -1,0 +1,100 @@
+"""Held-out evaluation: sample the policy and the SFT model on the same prompts with the same seed, then compare
+them under the reward model and, where the task has one, the gold judge."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf_lib.config import EvalConfig
+from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
+from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
+
+Judge = Callable[[str, str], float]
+
+
+@dataclass
+class Generations:
+    """Samples of one model on the eval prompts. Per-response tensors have shape (N,)."""
+
+    texts: list[str]
+    scores: torch.Tensor
+    lengths: torch.Tensor
+    has_eos: torch.Tensor
+    kl_to_ref: torch.Tensor
+    gold: list[float] | None = None
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float | None]
+    samples: list[dict[str, object]] = field(default_factory=list)
+
+
+@torch.inference_mode()
+def generate_and_score(
+    model: PreTrainedModel, ref: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, batch_size: int = 64,
+) -> Generations:
+    """Sample `model` on `prompts` (seeded by `cfg.seed`), and score each response with the RM, the KL to `ref`
+    (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge."""
+    gen = torch.Generator().manual_seed(cfg.seed)
+    texts, scores, lengths, eos, kls = [], [], [], [], []
+    for i in range(0, len(prompts), batch_size):
+        q, qm = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_tokens)
+        r, rm, logp = sample(model, q, qm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=gen)
+        ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature)
+        texts += decode_responses(tokenizer, r, rm)
+        scores.append(sequence_scores(reward, *concat(q, qm, r, rm)))
+        lengths.append(rm.sum(1).float())
+        eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id))
+        kls.append(((logp - ref_logp) * rm).sum(1))
+    gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
+    return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold)
+
+
+def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
+    """Summary metrics of the policy against the SFT model (DESIGN section 4 names)."""
+    m: dict[str, float | None] = {
+        "reward_mean": float(policy.scores.mean()),
+        "reward_mean_sft": float(sft.scores.mean()),
+        "kl_to_ref": float(policy.kl_to_ref.mean()),
+        "response_length_mean": float(policy.lengths.mean()),
+        "response_length_mean_sft": float(sft.lengths.mean()),
+        "no_eos_frac": float((~policy.has_eos).float().mean()),
+        "gold_reward_mean": None, "gold_reward_mean_sft": None, "win_rate_vs_sft": None,
+    }
+    if policy.gold is not None and sft.gold is not None:
+        g_pol, g_sft = torch.tensor(policy.gold), torch.tensor(sft.gold)
+        # A tie counts half a win, so identical models score 0.5.
+        wins = (g_pol > g_sft).float() + 0.5 * (g_pol == g_sft).float()
+        m.update(gold_reward_mean=float(g_pol.mean()), gold_reward_mean_sft=float(g_sft.mean()),
+                 win_rate_vs_sft=float(wins.mean()))
+    return m
+
+
+def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n: int) -> list[dict[str, object]]:
+    """The report's sample table: prompt, both responses and their scores."""
+    rows = []
+    for i in range(min(n, len(prompts))):
+        rows.append({
+            "prompt": prompts[i], "sft_response": sft.texts[i], "ppo_response": policy.texts[i],
+            "sft_rm_score": round(float(sft.scores[i]), 4), "ppo_rm_score": round(float(policy.scores[i]), 4),
+            "sft_gold": None if sft.gold is None else round(sft.gold[i], 4),
+            "ppo_gold": None if policy.gold is None else round(policy.gold[i], 4),
+        })
+    return rows
+
+
+def evaluate(
+    policy: PreTrainedModel, sft: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
+) -> EvalResult:
+    """Held-out comparison of `policy` with `sft` (which is also the KL reference)."""
+    pol = generate_and_score(policy, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
+    base = generate_and_score(sft, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
+    return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report))

@@ -1,0 +1,146 @@
+"""Builders for the tokenizer and the four models of RLHF-PPO.
+
+GPT-2 is the fresh-model family: it is the architecture of the TRL PPO baseline we benchmark against (same
+random-init scheme, same shapes), it has learned absolute positions (no RoPE cache to rebuild per length), and
+`GPT2ForSequenceClassification` is the standard reward/value model class (`.score` head on the backbone) that
+TRL, OpenRLHF and users' own reward models use. Any other causal LM loads through `name_or_path`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2ForSequenceClassification,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on `texts`, with a PAD token distinct from EOS.
+
+    PAD != EOS matters for PPO: with pad == eos, masking padding also masks the EOS the policy emitted, and the
+    model never learns to stop (N+ implementation details, "EOS trick").
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, bos_token=EOS_TOKEN)
+    fast.padding_side = "right"
+    return fast
+
+
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer and make sure it has a PAD token distinct from EOS."""
+    tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
+        tok.add_special_tokens({"pad_token": PAD_TOKEN})
+    return tok
+
+
+def _no_dropout(config) -> None:
+    # Dropout makes log-probs of the same tokens differ between rollout and update, which biases the PPO ratio
+    # (N+ implementation details: "disable dropout"). All four models run without it.
+    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout"):
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
+
+
+def gpt2_config(
+    tokenizer: PreTrainedTokenizerBase, n_layer: int, n_head: int, n_embd: int, n_positions: int
+) -> GPT2Config:
+    """A GPT-2 config sized for `tokenizer` (vocabulary covers every special token)."""
+    cfg = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    _no_dropout(cfg)
+    return cfg
+
+
+def build_policy(
+    tokenizer: PreTrainedTokenizerBase,
+    name_or_path: str | None = None,
+    *,
+    n_layer: int = 2,
+    n_head: int = 4,
+    n_embd: int = 128,
+    n_positions: int = 128,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A causal LM: loaded through `from_pretrained` when `name_or_path` is set, else a fresh GPT-2."""
+    if name_or_path:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path)
+        _no_dropout(model.config)
+        if model.get_input_embeddings().num_embeddings < len(tokenizer):
+            model.resize_token_embeddings(len(tokenizer))
+    else:
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(gpt2_config(tokenizer, n_layer, n_head, n_embd, n_positions))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0) -> PreTrainedModel:
+    """A backbone with a scalar `.score` head: the reward model, and the value model of PPO.
+
+    `source` is either a causal LM whose backbone weights are copied (the RM starts from SFT, as in InstructGPT)
+    or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM).
+    """
+    if isinstance(source, (str, Path)):
+        model = AutoModelForSequenceClassification.from_pretrained(str(source), num_labels=1)
+        _no_dropout(model.config)
+        return model.eval()
+    cfg = source.config.__class__.from_dict(source.config.to_dict())
+    cfg.num_labels = 1
+    _no_dropout(cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(cfg)
+    missing, _ = model.base_model.load_state_dict(source.base_model.state_dict(), strict=False)
+    if missing:
+        raise ValueError(f"backbone weights missing when copying from the policy: {missing[:5]}")
+    # A zero-initialised head makes the untrained RM's score 0 for every input: a neutral start.
+    torch.nn.init.zeros_(model.score.weight)
+    return model.eval()
+
+
+def is_sequence_classifier(model: PreTrainedModel) -> bool:
+    return isinstance(model, GPT2ForSequenceClassification) or hasattr(model, "score")
+
+
+def freeze(model: PreTrainedModel) -> PreTrainedModel:
+    """Frozen models (reference, reward) keep no autograd state: no grads, eval mode."""
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

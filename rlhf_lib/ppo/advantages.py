@@ -1,0 +1,94 @@
+"""Per-token rewards of a rollout, then advantages and returns by GAE.
+
+Notation: B = batch, T = response length (right-padded); `mask` (B, T) bool or float, 1 on real response tokens
+(up to and including EOS). The episode of row b is its response; it ends at its last real token L_b - 1 with
+L_b = sum_t mask[b, t]. Both functions are pure functions of rollout data: they run under `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlhf_lib.ppo.kl import KLEstimator, kl_per_token
+
+
+def _lengths(mask: Tensor) -> Tensor:
+    """Real-token count per row, checking the right-padding the last-token index relies on. Shape: (B, T) -> (B,)."""
+    m = mask.bool()
+    if (m[:, 1:] & ~m[:, :-1]).any():
+        raise ValueError("mask must be right-padded: a row has a real token after a padded one.")
+    lengths = m.sum(dim=1)
+    if (lengths == 0).any():
+        rows = torch.nonzero(lengths == 0).flatten().tolist()
+        raise ValueError(f"rows {rows} have no real response token: there is no token to put their score on.")
+    return lengths
+
+
+@torch.no_grad()
+def compute_rewards(
+    scores: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kl_coef: float,
+    estimator: KLEstimator = "k1",
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-token rewards: a KL penalty on every real token, plus the reward-model score on the last one.
+
+    Shape: scores (B,); logprobs, ref_logprobs, mask (B, T) -> rewards (B, T).
+    r_t = -beta * KL_t(pi || pi_ref)        for t < L_b   (0 on padding)
+    r_{L_b - 1} += score_b                  (InstructGPT eq. 2, Ouyang et al. 2022: the RM scores the whole
+                                             response, so its reward lands on the final token; the N+
+                                             implementation details, Huang et al. 2024, put it on the EOS /
+                                             last real token, never on a PAD position)
+    KL_t is `kl_per_token(..., estimator)`; k1 is the estimator of InstructGPT and Ziegler et al. 2019.
+
+    Stats: non_score_reward (mean over rows of sum_t -beta KL_t), score_mean, reward_total (mean over rows of
+    sum_t r_t).
+
+    Raises:
+        ValueError: if a row has no real token, or the mask is not right-padded.
+    """
+    m = mask.bool()
+    lengths = _lengths(m)
+    kl = kl_per_token(logprobs, ref_logprobs, estimator)
+    non_score = torch.where(m, -kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+    rewards = non_score.clone()
+    rows = torch.arange(rewards.shape[0], device=rewards.device)
+    rewards[rows, lengths - 1] += scores.to(rewards.dtype)
+    stats = {
+        "non_score_reward": non_score.sum(dim=1).mean().item(),
+        "score_mean": scores.float().mean().item(),
+        "reward_total": rewards.sum(dim=1).mean().item(),
+    }
+    return rewards, stats
+
+
+@torch.no_grad()
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016), per row, ending each episode at its last real token.
+
+    Shape: rewards, values, mask (B, T) -> advantages (B, T), returns (B, T); both 0 on padded positions.
+    delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
+    A_t     = delta_t + gamma * lam * A_{t+1} * m_{t+1}
+    R_t     = A_t + V_t                               (the value target, a TD(lambda) return)
+    m_{t+1} = 0 after the last real token (and m_T = 0): the response is the whole episode, so nothing is
+    bootstrapped past EOS and a PAD position's value or reward never leaks in. Vectorised over B, loop over T.
+    No gradient flows (torch.no_grad): advantages and returns are targets.
+    """
+    m = mask.bool()
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    # torch.where, not a product with the mask: a NaN value on a PAD position must not turn the sum into NaN.
+    values_real = torch.where(m, values, zero)
+    rewards_real = torch.where(m, rewards.to(values.dtype), zero)
+    advantages = torch.zeros_like(values_real)
+    next_adv = torch.zeros_like(values_real[:, 0])
+    next_value = torch.zeros_like(values_real[:, 0])
+    for t in reversed(range(values_real.shape[1])):
+        delta = rewards_real[:, t] + gamma * next_value - values_real[:, t]
+        next_adv = torch.where(m[:, t], delta + gamma * lam * next_adv, zero)
+        advantages[:, t] = next_adv
+        next_value = values_real[:, t]
+    returns = torch.where(m, advantages + values_real, zero)
+    return advantages, returns

@@ -1,0 +1,81 @@
+"""PPO losses for the policy and the value head, and the entropy of the policy.
+
+Notation: B = batch, T = response length; `mask` (B, T) bool or float, 1 on real response tokens. Means are
+token-level over every real token of the minibatch (masked_mean over (B, T)), as in the N+ implementation details
+(Huang et al. 2024) and TRL, so long responses weigh by their token count.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlhf_lib.ppo.masked import masked_mean
+
+
+def policy_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate objective of PPO (Schulman et al. 2017, eq. 7), as a loss to minimise.
+
+    Shape: logprobs, old_logprobs, advantages, mask (B, T) -> loss ().
+    rho_t = exp(log pi(y_t) - log pi_old(y_t))
+    L     = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))    (= -min(...) of the paper)
+    Stats: policy_loss; clipfrac, the share of real tokens where the clipped branch is the max (strictly larger,
+    so where it has no gradient); approx_kl = mean_t (log rho_t)^2 / 2, the k2 estimator of KL(pi_old || pi)
+    (Schulman's "Approximating KL divergence"; the N+ implementation details log it, low variance and >= 0);
+    ratio_mean.
+    """
+    m = mask.bool()
+    # Padded log-ratios are set to 0 (rho = 1) before exp: a garbage PAD log-prob could overflow exp to inf, and
+    # inf * 0 in the backward pass would put NaN in the gradient even though the forward masks it out.
+    log_ratio = torch.where(m, logprobs - old_logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
+    ratio = torch.exp(log_ratio)
+    pg_unclipped = -advantages * ratio
+    pg_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    loss = masked_mean(torch.maximum(pg_unclipped, pg_clipped), m)
+    with torch.no_grad():
+        stats = {
+            "policy_loss": loss.item(),
+            "clipfrac": masked_mean((pg_clipped > pg_unclipped).float(), m).item(),
+            "approx_kl": masked_mean(0.5 * log_ratio**2, m).item(),
+            "ratio_mean": masked_mean(ratio, m).item(),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_range: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss (PPO2 baselines; N+ implementation details, Huang et al. 2024, "value function clipping").
+
+    Shape: values, old_values, returns, mask (B, T) -> loss ().
+    V_clip = V_old + clip(V - V_old, -c, c)
+    L      = 0.5 * mean_t max((V_t - R_t)^2, (V_clip_t - R_t)^2)
+    The max is pessimistic: the value head gets no gradient to move further than c from its rollout value
+    when that move lowers the loss. Stats: value_loss; value_clipfrac, the share of real tokens where the
+    clipped term is strictly larger.
+    """
+    m = mask.bool()
+    v_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+    loss_unclipped = (values - returns) ** 2
+    loss_clipped = (v_clipped - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(loss_unclipped, loss_clipped), m)
+    with torch.no_grad():
+        stats = {
+            "value_loss": loss.item(),
+            "value_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).item(),
+        }
+    return loss, stats
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim. Shape: (..., V) -> (...).
+
+    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v,  p = softmax(z).
+    logsumexp and softmax subtract the max internally, so large logits do not overflow. One (..., V) copy (p) is
+    made; the contraction p . z goes through einsum (a batched matmul), not a second (..., V) product.
+    Logits must be finite: a -inf logit gives 0 * -inf = NaN.
+    """
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.einsum("...v,...v->...", p, logits)

@@ -1,0 +1,60 @@
+"""Typed containers of one PPO iteration. Shapes: B prompts, P prompt tokens (left-padded), R response tokens
+(right-padded after EOS)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """What one rollout produces and the later phases fill in.
+
+    Filled by `rollout` (1. generate):
+        query:           (B, P) prompt ids, left-padded with PAD.
+        query_mask:      (B, P) 1 on real prompt tokens.
+        response:        (B, R) sampled ids, PAD after the first EOS.
+        response_mask:   (B, R) 1 on real response tokens, the EOS included.
+        logprobs:        (B, R) log pi_old(token) at the sampling temperature, 0 on padding.
+    Filled by `score` (2. score):
+        ref_logprobs:    (B, R) log pi_ref(token) at the same temperature.
+        values:          (B, R) V(state before each response token) from the value model.
+        scores:          (B,)   reward-model score of prompt + response, read at the last real token.
+    Filled by `advantages` (3. rewards, 4. advantages):
+        rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last real token.
+        advantages:      (B, R) GAE advantages (whitened when configured), 0 on padding.
+        returns:         (B, R) advantages + values before whitening: the value model's target.
+    """
+
+    query: torch.Tensor
+    query_mask: torch.Tensor
+    response: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    prompts: list[str] = field(default_factory=list)
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.query.shape[0]
+
+    def require(self, *names: str) -> None:
+        """Fail loudly when a phase runs before the one that fills its inputs."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise RuntimeError(f"rollout is missing {missing}: run the earlier PPO phases first")
+
+    def minibatch(self, idx: torch.Tensor) -> "Rollout":
+        """Rows `idx` of every filled tensor field (the prompts list is not carried)."""
+        kw = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            kw[name] = v[idx] if isinstance(v, torch.Tensor) else ([] if name == "prompts" else v)
+        return Rollout(**kw)

@@ -1,0 +1,81 @@
+"""5. update: N epochs x M minibatches of clipped-surrogate + clipped-value + entropy steps over one rollout."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from transformers import PreTrainedModel
+
+from rlhf_lib.config import PPOConfig
+from rlhf_lib.ppo.losses import policy_loss, value_loss
+from rlhf_lib.ppo.masked import masked_mean
+from rlhf_lib.ppo.scoring import response_logprobs, token_values
+from rlhf_lib.ppo.types import Rollout
+
+
+def trim_padding(mb: Rollout) -> Rollout:
+    """Drop columns that are padding in every row of a minibatch: leading query columns and trailing response
+    columns. Results are unchanged (those positions are masked), and short minibatches cost less."""
+    q_keep = mb.query_mask.bool().any(0).nonzero()
+    r_len = int(mb.response_mask.sum(1).max())
+    q0 = int(q_keep[0]) if len(q_keep) else 0
+    out = Rollout(**{k: getattr(mb, k) for k in mb.__dataclass_fields__})
+    out.query, out.query_mask = mb.query[:, q0:], mb.query_mask[:, q0:]
+    for name in ("response", "response_mask", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns"):
+        v = getattr(mb, name)
+        if v is not None:
+            setattr(out, name, v[:, :r_len])
+    return out
+
+
+def ppo_epochs(
+    policy: PreTrainedModel,
+    value_model: PreTrainedModel,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    cfg: PPOConfig,
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat.
+
+    Loss per minibatch (PPO eq. 9, signs as minimised):
+        L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy)
+    The value model is separate, so the value term only moves its weights; one Adam holds both (as TRL does).
+    """
+    rollout.require("advantages", "returns", "values")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    b_size = rollout.batch_size
+    mb_size = b_size // cfg.minibatches
+    sums: dict[str, float] = defaultdict(float)
+    n = 0
+    policy.train()
+    value_model.train()
+    for _epoch in range(cfg.epochs):
+        b_perm = torch.randperm(b_size, generator=generator)
+        for start in range(0, b_size, mb_size):
+            mb = trim_padding(rollout.minibatch(b_perm[start : start + mb_size]))
+            mb_mask = mb.response_mask
+            new_logprobs, entropy = response_logprobs(
+                policy, mb.query, mb.query_mask, mb.response, mb_mask, cfg.temperature, with_entropy=True
+            )
+            new_values = token_values(value_model, mb.query, mb.query_mask, mb.response, mb_mask)
+            pg_loss, pg_stats = policy_loss(new_logprobs, mb.logprobs, mb.advantages, mb_mask, cfg.clip_eps)
+            vf_loss, vf_stats = value_loss(new_values, mb.values, mb.returns, mb_mask, cfg.value_clip)
+            mb_entropy = masked_mean(entropy, mb_mask)
+            loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * mb_entropy
+
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+
+            for k, v in {**pg_stats, **vf_stats}.items():
+                sums[k] += float(v)
+            sums["entropy"] += float(mb_entropy.detach())
+            sums["grad_norm"] += float(grad_norm)
+            sums["loss"] += float(loss.detach())
+            n += 1
+    policy.eval()
+    value_model.eval()
+    return {k: v / n for k, v in sums.items()}

@@ -1,0 +1,115 @@
+"""Reward model: a scalar head read at the last real token, trained with Bradley-Terry over every pair of a
+ranked list (InstructGPT section 3.5: all K(K-1)/2 comparisons of a prompt in one batch, which avoids the
+overfitting of treating each pair as its own example)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf_lib.config import RewardConfig
+from rlhf_lib.data.collate import encode_prompt_response, pad_right
+from rlhf_lib.data.records import PairExample, RankedExample
+from rlhf_lib.ppo.scoring import sequence_scores
+from rlhf_lib.training import (
+    adamw_with_linear_schedule,
+    n_batches,
+    optimizer_step,
+    seed_everything,
+    shuffled_batches,
+)
+
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+def ranked_pairs(list_sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices (better, worse) of every pair of every list, for responses stored best first, list after list.
+
+    Example: sizes [3] -> better [0, 0, 1], worse [1, 2, 2]. Shapes: (N_pairs,), (N_pairs,).
+    """
+    better, worse, offset = [], [], 0
+    for k in list_sizes:
+        for i in range(k):
+            for j in range(i + 1, k):
+                better.append(offset + i)
+                worse.append(offset + j)
+        offset += k
+    return torch.tensor(better, dtype=torch.long), torch.tensor(worse, dtype=torch.long)
+
+
+def bradley_terry_loss(
+    scores: torch.Tensor, better: torch.Tensor, worse: torch.Tensor, list_of_pair: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """-log sigmoid(r_better - r_worse), averaged within each list and then over lists (each prompt weighs the
+    same whatever its K, as in InstructGPT's 1/C(K,2) normalisation).
+
+    Shapes: scores (N,), better/worse/list_of_pair (N_pairs,).
+    """
+    margin = scores[better] - scores[worse]
+    per_pair = -F.logsigmoid(margin)
+    n_lists = int(list_of_pair.max()) + 1
+    per_list = torch.zeros(n_lists, dtype=scores.dtype).index_add_(0, list_of_pair, per_pair)
+    counts = torch.zeros(n_lists, dtype=scores.dtype).index_add_(0, list_of_pair, torch.ones_like(per_pair))
+    loss = (per_list / counts).mean()
+    return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
+                  "margin": float(margin.detach().mean())}
+
+
+def _encode(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: int):
+    rows = [encode_prompt_response(tokenizer, p, r, max_length)[0] for p, r in prompt_response]
+    return pad_right(rows, tokenizer.pad_token_id)
+
+
+def train_reward_model(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[RankedExample],
+    cfg: RewardConfig,
+    log: LogFn | None = None,
+) -> dict[str, float]:
+    """Train `model` (a `*ForSequenceClassification` with one label) in place on ranked lists."""
+    seed_everything(cfg.seed)
+    total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
+    opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    model.train()
+    acc_ema = None
+    for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
+        ids, mask = _encode(tokenizer, [(e.prompt, r) for e in batch for r in e.responses], cfg.max_length)
+        better, worse = ranked_pairs([len(e.responses) for e in batch])
+        list_of_pair = torch.cat([torch.full((len(e.responses) * (len(e.responses) - 1) // 2,), i)
+                                  for i, e in enumerate(batch)])
+        loss, stats = bradley_terry_loss(sequence_scores(model, ids, mask), better, worse, list_of_pair)
+        grad_norm = optimizer_step(loss, model.parameters(), opt, sched, 1.0, "reward-model", step)
+        acc_ema = stats["accuracy"] if acc_ema is None else 0.9 * acc_ema + 0.1 * stats["accuracy"]
+        if log:
+            log(step, {"reward/loss": stats["loss"], "reward/train_accuracy": stats["accuracy"],
+                       "reward/train_accuracy_ema": acc_ema, "reward/margin": stats["margin"],
+                       "reward/grad_norm": float(grad_norm), "reward/lr": sched.get_last_lr()[0],
+                       "reward/epoch": float(epoch)})
+    model.eval()
+    return {"reward/train_accuracy_ema": float(acc_ema or 0.0), "reward/steps": float(total)}
+
+
+@torch.no_grad()
+def score_texts(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], responses: Sequence[str],
+    max_length: int, batch_size: int = 64,
+) -> torch.Tensor:
+    """Reward-model scores of (prompt, response) texts, EOS appended as in training. Shape: (N,)."""
+    out = []
+    for i in range(0, len(prompts), batch_size):
+        ids, mask = _encode(tokenizer, list(zip(prompts[i : i + batch_size], responses[i : i + batch_size])), max_length)
+        out.append(sequence_scores(model, ids, mask))
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def pairwise_accuracy(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample], max_length: int
+) -> float:
+    """Share of pairs where the model scores `chosen` above `rejected`."""
+    chosen = score_texts(model, tokenizer, [p.prompt for p in pairs], [p.chosen for p in pairs], max_length)
+    rejected = score_texts(model, tokenizer, [p.prompt for p in pairs], [p.rejected for p in pairs], max_length)
+    return float((chosen > rejected).float().mean())

@@ -1,0 +1,77 @@
+"""Supervised fine-tuning on demonstrations: causal-LM loss on response tokens only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf_lib.config import SFTConfig
+from rlhf_lib.data.collate import sft_batch
+from rlhf_lib.data.records import SFTExample
+from rlhf_lib.training import (
+    adamw_with_linear_schedule,
+    n_batches,
+    optimizer_step,
+    seed_everything,
+    shuffled_batches,
+)
+
+LogFn = Callable[[int, dict[str, float]], None]
+
+
+def response_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Next-token cross-entropy averaged over response tokens (labels != -100).
+
+    Shapes: logits (B, T, V), labels (B, T). Position t predicts token t+1, hence the shift.
+    """
+    targets = labels[:, 1:]
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100)
+    n_tokens = int((targets != -100).sum())
+    return loss, {"loss": float(loss.detach()), "tokens": float(n_tokens)}
+
+
+def train_sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[SFTExample],
+    cfg: SFTConfig,
+    log: LogFn | None = None,
+) -> dict[str, float]:
+    """Fine-tune `model` in place. Calls `log(step, metrics)` every step; returns the final metrics."""
+    seed_everything(cfg.seed)
+    total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
+    opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    model.train()
+    ema = None
+    for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
+        b = sft_batch(tokenizer, [e.prompt for e in batch], [e.response for e in batch], cfg.max_length)
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # (B, T, V)
+        loss, stats = response_lm_loss(logits, b["labels"])
+        grad_norm = optimizer_step(loss, model.parameters(), opt, sched, 1.0, "SFT", step)
+        ema = stats["loss"] if ema is None else 0.9 * ema + 0.1 * stats["loss"]
+        metrics = {"sft/loss": stats["loss"], "sft/loss_ema": ema, "sft/grad_norm": float(grad_norm),
+                   "sft/lr": sched.get_last_lr()[0], "sft/epoch": float(epoch)}
+        if log:
+            log(step, metrics)
+    model.eval()
+    return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}
+
+
+@torch.no_grad()
+def response_nll(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[SFTExample], max_length: int,
+    batch_size: int = 64,
+) -> float:
+    """Mean per-token negative log-likelihood of the responses (a held-out fit check)."""
+    total, count = 0.0, 0
+    for i in range(0, len(examples), batch_size):
+        chunk = examples[i : i + batch_size]
+        b = sft_batch(tokenizer, [e.prompt for e in chunk], [e.response for e in chunk], max_length)
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        loss, stats = response_lm_loss(logits, b["labels"])
+        total += float(loss) * stats["tokens"]
+        count += int(stats["tokens"])
+    return total / max(count, 1)

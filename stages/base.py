@@ -1,0 +1,113 @@
+"""The cached-stage runner every stage goes through: look up the key, else run, log, register, then mark done.
+
+Order matters for "nothing half-written is registered or cached": the artifacts are logged first, then the
+model version is registered, and only then does the run get its `rlhf.cache_key` tag and the FINISHED status
+that `lookup` requires. A stage that raises ends FAILED, without the tag, and is never a cache hit.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow.entities import DatasetInput, InputTag
+from prefect import get_run_logger
+from pydantic import BaseModel
+
+from stages.cache import StageResult, cache_key, lookup
+from stages.tracking import MODEL_NAMES, StageRun, download, register, write_manifest
+
+ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
+
+
+class RunContext(BaseModel):
+    """Identities shared by the stages of one pipeline run (small and JSON-able: a sub-flow parameter)."""
+
+    experiment_id: str
+    parent_run_id: str
+    force: list[str] = []
+    pipeline: str = "full"
+
+
+# A build function fills `out_dir` with the stage's artifacts, logging metrics to `run` as it goes.
+BuildFn = Callable[[StageRun, Path], None]
+
+
+def run_cached(
+    ctx: RunContext,
+    stage: str,
+    section: dict[str, Any],
+    upstream: dict[str, StageResult],
+    data_fingerprint: str,
+    build: BuildFn,
+) -> tuple[StageResult, Path]:
+    """Return the stage's result and the local path of its artifacts, from the cache or by running `build`."""
+    logger = get_run_logger()
+    t0 = time.perf_counter()
+    key = cache_key(stage, section, {k: v.digest for k, v in upstream.items()}, data_fingerprint)
+    parent = mlflow.MlflowClient()
+    if stage not in ctx.force:
+        hit = lookup(ctx.experiment_id, stage, key)
+        if hit is not None:
+            result, local = hit
+            result.seconds = time.perf_counter() - t0
+            parent.set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
+            logger.info("%s: cache hit %s (run %s)", stage, key, result.mlflow_run_id)
+            return result, local
+
+    lineage = {f"rlhf.upstream.{k}": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
+    lineage.update({"rlhf.data_fingerprint": data_fingerprint, "rlhf.cache_key": key})
+    run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, f"{stage}-{key[:8]}", lineage_tags(lineage))
+    logger.info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-") as tmp:
+            out_dir = Path(tmp) / ARTIFACT_DIR[stage]
+            out_dir.mkdir()
+            run.log_params({f"{stage}.{k}": v for k, v in flatten(section).items()})
+            build(run, out_dir)
+            digest = write_manifest(out_dir)
+            run.log_dir(out_dir, ARTIFACT_DIR[stage])
+        artifact_uri = f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}"
+        model_uri = None
+        if stage in MODEL_NAMES:
+            model_uri = register(run, ARTIFACT_DIR[stage], {**lineage, "rlhf.digest": digest})
+        run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": artifact_uri, "rlhf.model_uri": model_uri or "",
+                      "rlhf.cache_key": key})
+        run.finish("FINISHED")
+    except BaseException:
+        run.finish("FAILED")
+        raise
+    parent.set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
+    result = StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
+                         artifact_uri=artifact_uri, digest=digest, model_uri=model_uri,
+                         seconds=time.perf_counter() - t0)
+    return result, download(artifact_uri)
+
+
+def lineage_tags(lineage: dict[str, str]) -> dict[str, str]:
+    # The key is only set as `rlhf.cache_key` once the stage is complete; until then it is "pending".
+    return {("rlhf.cache_key_pending" if k == "rlhf.cache_key" else k): v for k, v in lineage.items()}
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def log_dataset(run: StageRun, rows: list[dict], source: str, name: str, context: str, digest: str) -> None:
+    """Record a data set as an input of `run` (MLflow's Datasets panel), with its source and digest."""
+    with warnings.catch_warnings():  # a file:// source matches two equivalent source classes; either is right
+        warnings.simplefilter("ignore", UserWarning)
+        ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
+    run.client.log_inputs(run.run_id, [DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)])])

@@ -1,0 +1,106 @@
+"""Stage cache keys and lookups.
+
+A stage's key covers (DESIGN section 1): its own config section, the identities of its upstream artifacts
+(content digests), the fingerprint of its input data, and a hash of the source of the code it runs. A hit needs a
+FINISHED MLflow run carrying that key whose artifacts are still there and intact: a deleted or corrupted
+artifact is a miss, never a stale hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import mlflow
+from pydantic import BaseModel
+
+from stages.tracking import download, verify_manifest
+
+# The modules whose source each stage's result depends on (besides the stage module itself).
+STAGE_CODE: dict[str, list[str]] = {
+    "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "stages.data"],
+    "sft": ["rlhf_lib.sft", "rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "stages.sft"],
+    "reward": ["rlhf_lib.reward", "rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "rlhf_lib.ppo.scoring",
+               "stages.reward"],
+    "ppo": ["rlhf_lib.ppo", "rlhf_lib.models", "stages.ppo"],
+    "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.demo_task", "stages.eval", "stages.report"],
+}
+
+
+class StageResult(BaseModel):
+    """What a stage hands downstream: small, JSON-able identities, never tensors or models."""
+
+    stage: str
+    status: Literal["ran", "cached"]
+    cache_key: str
+    mlflow_run_id: str
+    artifact_uri: str
+    digest: str
+    model_uri: str | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        out = {"status": self.status, "cache_key": self.cache_key, "mlflow_run_id": self.mlflow_run_id,
+               "seconds": round(self.seconds, 2)}
+        if self.model_uri:
+            out["model_uri"] = self.model_uri
+        return out
+
+
+def _module_files(module: str) -> list[Path]:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"cannot locate module {module} to hash its code")
+    origin = Path(spec.origin)
+    if spec.submodule_search_locations:  # a package: every .py under it
+        return sorted(origin.parent.rglob("*.py"))
+    return [origin]
+
+
+def code_version(stage: str) -> str:
+    """sha256 of the source files the stage runs."""
+    h = hashlib.sha256()
+    files = sorted({f for m in STAGE_CODE[stage] for f in _module_files(m)})
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_key(stage: str, section: dict[str, Any], upstream: dict[str, str], data_fingerprint: str) -> str:
+    """The content key of a stage run. `upstream` maps upstream stage -> artifact digest."""
+    payload = {"stage": stage, "config": section, "upstream": upstream, "data": data_fingerprint,
+               "code": code_version(stage)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
+    """The newest intact finished run of `stage` with `key`, and the local path of its artifacts."""
+    runs = mlflow.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`rlhf.stage` = '{stage}' and tags.`rlhf.cache_key` = '{key}' "
+        "and attributes.status = 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+        max_results=5,
+    )
+    for run in runs:
+        tags = run.data.tags
+        uri, digest = tags.get("rlhf.artifact_uri"), tags.get("rlhf.digest")
+        if not uri or not digest:
+            continue
+        try:
+            local = download(uri)
+        except FileNotFoundError:
+            continue
+        if not verify_manifest(local, digest):
+            continue
+        return (
+            StageResult(stage=stage, status="cached", cache_key=key, mlflow_run_id=run.info.run_id,
+                        artifact_uri=uri, digest=digest, model_uri=tags.get("rlhf.model_uri") or None),
+            local,
+        )
+    return None

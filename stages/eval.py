@@ -1,0 +1,72 @@
+"""Eval stage: the PPO policy against the SFT model on held-out prompts, and the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mlflow import MlflowClient
+from prefect import flow
+
+from rlhf_lib.config import PipelineConfig
+from rlhf_lib.data import read_pairs, read_prompts
+from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.eval import evaluate
+from rlhf_lib.reward import pairwise_accuracy
+from stages.base import RunContext, log_dataset, run_cached
+from stages.cache import StageResult
+from stages.data import file_digest, has_judge
+from stages.models_io import load_causal_lm, load_scalar
+from stages.report import CURVES, render_html
+from stages.tracking import StageRun, download
+
+
+def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
+    client = MlflowClient()
+    return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key, _ in CURVES}
+
+
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[str, Path],
+           upstream: dict[str, StageResult]):
+    def build(run: StageRun, out_dir: Path) -> None:
+        policy, tokenizer = load_causal_lm(dirs["ppo"])
+        sft, _ = load_causal_lm(dirs["sft"])
+        reward = load_scalar(dirs["reward"])
+        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
+        log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
+                    "demo-prompts-eval", "evaluation", file_digest(data_dir, "prompts_eval"))
+        judge = gold_score if has_judge(data_dir) else None
+        max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
+        result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge)
+        metrics = dict(result.metrics)
+        pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
+        # Accuracy on noise-free pairs measures the RM against the judge; without one it is undefined.
+        metrics["reward_model_accuracy"] = (
+            pairwise_accuracy(reward, tokenizer, pairs, min(cfg.reward.max_length, reward.config.max_position_embeddings)) if judge else None
+        )
+        run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
+        summary = {
+            "name": cfg.name,
+            "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
+            | {"data run": data.mlflow_run_id, "eval prompts": len(prompts)},
+            "metrics": metrics,
+        }
+        (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
+        (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))
+        history = ppo_history(upstream["ppo"].mlflow_run_id)
+        (out_dir / "report.html").write_text(render_html(summary, history, result.samples), encoding="utf-8")
+        run.log_table(result.samples, "samples_table.json")
+    return build
+
+
+@flow(name="eval")
+def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
+               reward: StageResult, ppo: StageResult) -> tuple[StageResult, dict]:
+    """Evaluate on held-out prompts; returns the stage result and the report's metrics."""
+    data_dir = download(data.artifact_uri)
+    upstream = {"sft": sft, "reward": reward, "ppo": ppo}
+    dirs = {k: download(v.artifact_uri) for k, v in upstream.items()}
+    fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
+    section = {"eval": config.eval.model_dump(), "max_prompt_tokens": config.model.n_positions}
+    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, _build(config, data_dir, data, dirs, upstream))
+    return result, json.loads((local / "report.json").read_text())["metrics"]

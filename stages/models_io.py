@@ -1,0 +1,23 @@
+"""Saving and loading the stages' models as plain Hugging Face directories (safetensors + tokenizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from rlhf_lib.models import build_policy, build_scalar_model, load_tokenizer
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def load_causal_lm(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = load_tokenizer(path)
+    return build_policy(tokenizer, str(path)), tokenizer
+
+
+def load_scalar(path: Path) -> PreTrainedModel:
+    return build_scalar_model(path)

@@ -1,0 +1,106 @@
+"""PPO stage: a Prefect sub-flow that loops the tasks rollout -> score -> gae -> update once per iteration.
+
+The tasks share one in-memory `PPOTrainer` (models, optimizer, KL controller) and hand the `Rollout` tensors to
+each other directly: caching is off and nothing is persisted, so a task call costs milliseconds, and no model or
+tensor is ever JSON-encoded as a flow parameter.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from rlhf_lib.config import PipelineConfig
+from rlhf_lib.data import read_prompts
+from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
+from rlhf_lib.ppo.types import Rollout
+from stages.base import RunContext, log_dataset, run_cached
+from stages.cache import StageResult
+from stages.data import file_digest, has_judge
+from stages.models_io import load_causal_lm, load_scalar, save_model
+from stages.tracking import StageRun, download
+
+_IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
+
+
+@task(name="rollout", **_IN_MEMORY)
+def rollout_task(trainer: PPOTrainer) -> Rollout:
+    """1. generate: sample responses to a batch of prompts, with their log-probs."""
+    return trainer.rollout()
+
+
+@task(name="score", **_IN_MEMORY)
+def score_task(trainer: PPOTrainer, ro: Rollout) -> Rollout:
+    """2. score: reference log-probs, values and reward-model scores."""
+    trainer.score(ro)
+    return ro
+
+
+@task(name="gae", **_IN_MEMORY)
+def gae_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
+    """3. rewards (KL-shaped) and 4. GAE advantages; updates the KL controller."""
+    return trainer.advantages(ro)
+
+
+@task(name="update", **_IN_MEMORY)
+def update_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
+    """5. update: epochs x minibatches of clipped PPO steps."""
+    return trainer.update(ro)
+
+
+def load_models(sft_dir: Path, reward_dir: Path) -> PPOModels:
+    """Policy and frozen reference from SFT, frozen reward model, and a value model initialised from the RM."""
+    policy, tokenizer = load_causal_lm(sft_dir)
+    ref = copy.deepcopy(policy)
+    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=load_scalar(reward_dir),
+                     tokenizer=tokenizer)
+
+
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
+    def build(run: StageRun, out_dir: Path) -> None:
+        models = load_models(sft_dir, reward_dir)
+        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
+        log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
+                    "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
+        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+        trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt)
+        judge = gold_score if has_judge(data_dir) else None
+        ppo_loop(trainer, run, cfg.ppo.iterations, judge)
+        save_model(models.policy, models.tokenizer, out_dir)
+    return build
+
+
+def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) -> None:
+    """The loop of the PPO sub-flow: one rollout -> score -> gae -> update chain of tasks per iteration, with the
+    metrics of each iteration logged to MLflow. The gold judge (demo task only) scores logged samples, never
+    the policy's reward."""
+    for it in range(iterations):
+        ro = rollout_task(trainer)
+        ro = score_task(trainer, ro)
+        stats = gae_task(trainer, ro)
+        stats.update(update_task(trainer, ro))
+        if it % trainer.cfg.sample_every == 0 or it == iterations - 1:
+            rows = trainer.samples(ro, 8)
+            if judge is not None:
+                for r in rows:
+                    r["gold"] = judge(r["prompt"], r["response"])
+                stats["objective/gold_sample_mean"] = sum(r["gold"] for r in rows) / len(rows)
+            run.log_table(rows, f"samples/iter_{it:04d}.json")
+        run.log_metrics(stats, step=it)
+
+
+@flow(name="ppo")
+def ppo_stage(
+    config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult
+) -> StageResult:
+    """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
+    data_dir = download(data.artifact_uri)
+    sft_dir, reward_dir = download(sft.artifact_uri), download(reward.artifact_uri)
+    section = {"ppo": config.ppo.model_dump(), "max_prompt_tokens": config.model.n_positions}
+    result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
+                           file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
+    return result

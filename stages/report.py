@@ -1,0 +1,91 @@
+"""The eval report: one self-contained HTML file (plots embedded as PNG) plus the same numbers as JSON."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+CURVES = [
+    ("objective/score", "RM score"), ("objective/kl", "KL to reference (nats/response)"),
+    ("objective/kl_coef", "beta"), ("policy/entropy", "entropy"), ("response/length_mean", "response length"),
+    ("policy/clipfrac", "clip fraction"), ("value/explained_variance", "explained variance"),
+    ("objective/gold_sample_mean", "gold score of logged samples"),
+]
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
+    """A grid of the PPO curves over iterations, as base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [(k, t) for k, t in CURVES if history.get(k)]
+    if not present:
+        return None
+    cols = 4
+    rows = (len(present) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, (key, title) in zip(axes.flat, present):
+        steps, values = zip(*history[key])
+        ax.plot(steps, values, marker="." if len(steps) < 40 else None)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("PPO iteration", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(present):]:
+        ax.axis("off")
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, float]]],
+                samples: list[dict[str, Any]]) -> str:
+    """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT)."""
+    metrics = summary["metrics"]
+    pairs = [("gold reward (judge)", "gold_reward_mean", "gold_reward_mean_sft"),
+             ("RM reward", "reward_mean", "reward_mean_sft"),
+             ("response length (tokens)", "response_length_mean", "response_length_mean_sft")]
+    table = [{"metric": name, "PPO policy": metrics.get(a), "SFT": metrics.get(b)} for name, a, b in pairs]
+    table += [{"metric": k, "PPO policy": metrics.get(k), "SFT": None}
+              for k in ("win_rate_vs_sft", "kl_to_ref", "no_eos_frac", "reward_model_accuracy")]
+    lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
+    png = curves_png(history)
+    curves = f'<img alt="PPO curves" src="data:image/png;base64,{png}">' if png else "<p>no PPO history</p>"
+    style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
+             "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top;"
+             "white-space:pre-wrap}th{background:#f3f3f3}")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
+        f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
+        f"<h2>Lineage</h2>{_table(lineage)}"
+        f"<h2>Held-out metrics: PPO policy vs SFT</h2>{_table(table)}"
+        f"<h2>PPO training curves</h2>{curves}"
+        f"<h2>Samples on held-out prompts</h2>{_table(samples)}"
+        "</body></html>"
+    )

@@ -1,0 +1,61 @@
+"""SFT stage: train the tokenizer and the policy's starting point on the demonstrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from prefect import flow
+
+from rlhf_lib.config import PipelineConfig
+from rlhf_lib.data import read_prompts, read_ranked, read_sft
+from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.models import build_policy, count_parameters, load_tokenizer, train_tokenizer
+from rlhf_lib.sft import train_sft
+from stages.base import RunContext, log_dataset, run_cached
+from stages.cache import StageResult
+from stages.data import file_digest
+from stages.models_io import save_model
+from stages.tracking import StageRun, download
+
+
+def tokenizer_corpus(data_dir: Path):
+    """Every text of the task, so the BPE covers prompts, demonstrations and ranked responses alike."""
+    for ex in read_sft(data_dir / FILE_NAMES["sft"]).rows:
+        yield ex.prompt + ex.response
+    for ex in read_ranked(data_dir / FILE_NAMES["preferences"]).rows:
+        yield from (ex.prompt + r for r in ex.responses)
+    for ex in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows:
+        yield ex.prompt
+
+
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
+    def build(run: StageRun, out_dir: Path) -> None:
+        torch.manual_seed(cfg.model.seed)
+        if cfg.model.name_or_path:
+            tokenizer = load_tokenizer(cfg.model.name_or_path)
+        else:
+            tokenizer = train_tokenizer(tokenizer_corpus(data_dir), cfg.model.vocab_size)
+        m = cfg.model
+        model = build_policy(tokenizer, m.name_or_path, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                             n_positions=m.n_positions, seed=m.seed)
+        examples = read_sft(data_dir / FILE_NAMES["sft"]).rows
+        log_dataset(run, [e.__dict__ for e in examples], f"{data.artifact_uri}/{FILE_NAMES['sft']}",
+                    "demo-sft", "training", file_digest(data_dir, "sft"))
+        run.log_params({"model.parameters": count_parameters(model), "model.vocab": len(tokenizer)})
+        sft_cfg = cfg.sft.model_copy(update={"max_length": min(cfg.sft.max_length, model.config.max_position_embeddings)})
+        final = train_sft(model, tokenizer, examples, sft_cfg, log=lambda step, mets: run.log_metrics(mets, step))
+        run.log_metrics(final, step=0)
+        save_model(model, tokenizer, out_dir)
+    return build
+
+
+@flow(name="sft")
+def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
+    """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
+    data_dir = download(data.artifact_uri)
+    section = {"model": config.model.model_dump(), "sft": config.sft.model_dump()}
+    # The tokenizer is trained on these three files, the model on the first.
+    fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))
+    result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))
+    return result

@@ -1,0 +1,169 @@
+"""MLflow plumbing for the stages: the state dir, the experiment, stage runs, artifacts and registered models.
+
+The client API with explicit run ids is used throughout (not the fluent active-run stack), so logging does not
+depend on which thread Prefect runs a task in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+EXPERIMENT = "rlhf"
+MODEL_NAMES = {"sft": "rlhf-sft", "reward": "rlhf-reward", "ppo": "rlhf-policy"}
+
+
+def state_dir() -> Path:
+    """`$RLHF_HOME`, else `.rlhf/` under the working directory."""
+    return Path(os.environ.get("RLHF_HOME") or Path.cwd() / ".rlhf").resolve()
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail within seconds, naming the URL, when an HTTP tracking server does not answer."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            if resp.status != 200:
+                raise ConnectionError(f"MLflow server at {uri} answered {resp.status} on {url}")
+    except (urllib.error.URLError, OSError) as e:
+        raise ConnectionError(
+            f"MLflow tracking server {uri} is unreachable ({e}). Start it with `rlhf up`, or unset "
+            "MLFLOW_TRACKING_URI to use the local store."
+        ) from None
+
+
+def setup_mlflow() -> str:
+    """Point MLflow at the tracking store and make sure the `rlhf` experiment exists; returns its id."""
+    uri = tracking_uri()
+    check_reachable(uri)
+    if uri.startswith("sqlite:///"):
+        state_dir().mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient()
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    if exp is not None:
+        return exp.experiment_id
+    # Artifacts live beside the store as plain files, so a local run and the `rlhf up` server share them.
+    location = None if uri.startswith("http") else (state_dir() / "mlartifacts").as_uri()
+    try:
+        return client.create_experiment(EXPERIMENT, artifact_location=location)
+    except mlflow.exceptions.MlflowException:  # created concurrently by another run
+        return client.get_experiment_by_name(EXPERIMENT).experiment_id
+
+
+def dir_digest(path: Path) -> str:
+    """sha256 over the relative paths and bytes of every file under `path` (sorted): a content identity."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+class StageRun:
+    """One nested MLflow run of a stage, logged by id. Metrics are batched to keep the PPO loop cheap."""
+
+    def __init__(self, experiment_id: str, stage: str, parent_run_id: str | None, run_name: str, tags: dict):
+        self.client = MlflowClient()
+        all_tags = {"rlhf.stage": stage, **tags}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        self.run = self.client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+        self.run_id = self.run.info.run_id
+        self.stage = stage
+
+    @property
+    def artifact_uri(self) -> str:
+        return self.run.info.artifact_uri
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(batch), 900):  # the API's limit is 1000 metrics per batch
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 90):
+            self.client.log_batch(self.run_id, params=items[i : i + 90])
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_dir(self, local_dir: Path, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        self.client.log_dict(self.run_id, obj, artifact_file)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_table(self, rows: list[dict], artifact_file: str) -> None:
+        import pandas as pd
+
+        mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self.run_id)
+
+    def finish(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status)
+
+
+def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:
+    """Register `<run artifacts>/<artifact_path>` as a new version of the stage's model; returns `models:/n/v`."""
+    name = MODEL_NAMES[run.stage]
+    client = run.client
+    try:
+        client.create_registered_model(name, description=f"rlhf-pipeline {run.stage} models")
+    except mlflow.exceptions.MlflowException:
+        pass  # exists
+    mv = client.create_model_version(name, source=f"{run.artifact_uri}/{artifact_path}", run_id=run.run_id,
+                                     tags={k: str(v) for k, v in tags.items()})
+    return f"models:/{name}/{mv.version}"
+
+
+def download(uri: str) -> Path:
+    """Local path of an artifact or `models:/` URI. For a local store this is the stored files themselves (no
+    copy): callers only read it."""
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+    except mlflow.exceptions.MlflowException as e:
+        raise FileNotFoundError(f"cannot load artifact {uri}: {e.message}") from None
+
+
+def write_manifest(local_dir: Path) -> str:
+    """Write `manifest.json` (sha256 of each file) into `local_dir`; return the digest of the whole dir."""
+    files = {str(p.relative_to(local_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(local_dir.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    (local_dir / "manifest.json").write_text(json.dumps(files, indent=1, sort_keys=True))
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def verify_manifest(local_dir: Path, digest: str) -> bool:
+    """True when every file listed in the manifest is present and intact, and the manifest matches `digest`."""
+    try:
+        files = json.loads((local_dir / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() != digest:
+        return False
+    for rel, sha in files.items():
+        p = local_dir / rel
+        if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != sha:
+            return False
+    return True

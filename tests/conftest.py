@@ -1,0 +1,41 @@
+"""Test-session environment: nothing leaks into the user's state dir, Prefect or MLflow stores, or the hub."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+_SESSION_TMP = Path(tempfile.mkdtemp(prefix="rlhf-tests-"))
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_HOME"] = str(_SESSION_TMP / "prefect")
+# Prefect's result storage in a temporary folder, or cache hits leak between test sessions.
+os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_TMP / "prefect-results")
+os.environ["PREFECT_UI_ENABLED"] = "false"
+os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+os.environ["RLHF_HOME"] = str(_SESSION_TMP / "rlhf-home")
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("PREFECT_API_URL", None)
+Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from rlhf_lib.models import train_tokenizer
+
+    corpus = [f"\n\nHuman: tell me about topic {i}\n\nAssistant: Sure, topic {i} is nice. Thanks!" for i in range(50)]
+    return train_tokenizer(corpus, vocab_size=300)
+
+
+@pytest.fixture()
+def tiny_policy(tiny_tokenizer):
+    from rlhf_lib.models import build_policy
+
+    return build_policy(tiny_tokenizer, n_layer=1, n_head=2, n_embd=32, n_positions=64, seed=0)

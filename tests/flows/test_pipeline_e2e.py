@@ -1,0 +1,129 @@
+"""End to end: the whole `rlhf` flow on the micro preset, against a real temporary MLflow store and a real
+(temporary) Prefect server, then the caching contract, then the CLI's `--json` summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.cli import load_config
+
+STAGES = ["data", "sft", "reward", "ppo", "eval"]
+EVAL_KEYS = {"reward_mean", "gold_reward_mean", "gold_reward_mean_sft", "win_rate_vs_sft", "kl_to_ref",
+             "response_length_mean", "reward_model_accuracy"}
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rlhf-home")
+    old = os.environ.get("RLHF_HOME")
+    os.environ["RLHF_HOME"] = str(path)
+    with prefect_test_harness(server_startup_timeout=120):
+        yield path
+    if old is None:
+        os.environ.pop("RLHF_HOME", None)
+    else:
+        os.environ["RLHF_HOME"] = old
+
+
+def statuses(summary):
+    return {k: v["status"] for k, v in summary["stages"].items()}
+
+
+@pytest.fixture(scope="module")
+def first(home):
+    from flows.pipeline import rlhf
+
+    return rlhf(config=load_config("micro", None, []), pipeline="full")
+
+
+def test_first_run_runs_every_stage_and_reports(first, home):
+    assert first["status"] == "completed" and first["pipeline"] == "full"
+    assert statuses(first) == {s: "ran" for s in STAGES}
+    assert EVAL_KEYS <= set(first["eval"])
+    assert 0.0 <= first["eval"]["win_rate_vs_sft"] <= 1.0
+    assert first["mlflow_tracking_uri"].startswith("sqlite:///") and str(home) in first["mlflow_tracking_uri"]
+    for stage in ("sft", "reward", "ppo"):
+        assert first["stages"][stage]["model_uri"].startswith("models:/rlhf-")
+
+
+def test_mlflow_holds_nested_runs_models_lineage_and_report(first):
+    client = MlflowClient()
+    parent = client.get_run(first["mlflow_run_id"])
+    assert parent.info.status == "FINISHED"
+    for stage in STAGES:
+        run = client.get_run(first["stages"][stage]["mlflow_run_id"])
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["rlhf.stage"] == stage and run.data.tags["rlhf.cache_key"]
+    policy_uri = first["stages"]["ppo"]["model_uri"]
+    name, version = policy_uri.removeprefix("models:/").split("/")
+    mv = client.get_model_version(name, version)
+    assert mv.tags["rlhf.upstream.sft"] == first["stages"]["sft"]["model_uri"]
+    assert mv.tags["rlhf.upstream.reward"] == first["stages"]["reward"]["model_uri"]
+    ppo_run = client.get_run(first["stages"]["ppo"]["mlflow_run_id"])
+    assert {"objective/kl", "objective/score", "policy/entropy", "loss/value"} <= set(ppo_run.data.metrics)
+    assert len(client.get_metric_history(ppo_run.info.run_id, "objective/kl")) == 2  # one per iteration
+    eval_files = {f.path for f in client.list_artifacts(first["stages"]["eval"]["mlflow_run_id"], "report")}
+    assert {"report/report.html", "report/report.json", "report/samples.json"} <= eval_files
+    assert client.get_run(first["stages"]["data"]["mlflow_run_id"]).inputs.dataset_inputs
+
+
+def test_a_model_loads_back_through_its_registry_uri(first):
+    from stages.models_io import load_causal_lm
+    from stages.tracking import download
+
+    model, tokenizer = load_causal_lm(download(first["stages"]["ppo"]["model_uri"]))
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert model.config.n_embd == 32
+
+
+def test_unchanged_rerun_is_fully_cached(first):
+    from flows.pipeline import rlhf
+
+    again = rlhf(config=load_config("micro", None, []), pipeline="full")
+    assert statuses(again) == {s: "cached" for s in STAGES}
+    assert again["eval"] == first["eval"]
+    assert MlflowClient().get_run(again["mlflow_run_id"]).data.tags["rlhf.cache_hit"] == "true"
+
+
+def test_changed_ppo_setting_reruns_ppo_and_eval_only(first):
+    from flows.pipeline import rlhf
+
+    changed = rlhf(config=load_config("micro", None, ["ppo.kl_coef=0.123"]), pipeline="full")
+    assert statuses(changed) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran", "eval": "ran"}
+
+
+def test_deleted_artifact_is_a_miss_not_a_stale_hit(first):
+    from flows.pipeline import rlhf
+    from stages.tracking import download
+
+    reward_dir = download(first["stages"]["reward"]["artifact_uri"] if "artifact_uri" in first["stages"]["reward"]
+                          else first["stages"]["reward"]["model_uri"])
+    (Path(reward_dir) / "model.safetensors").unlink()
+    rerun = rlhf(config=load_config("micro", None, []), pipeline="reward")
+    assert statuses(rerun) == {"data": "cached", "sft": "cached", "reward": "ran"}
+
+
+def test_cli_json_summary_is_the_last_stdout_line(first, home):
+    env = {**os.environ, "RLHF_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", "sft", "--preset", "micro", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["pipeline"] == "sft" and statuses(summary) == {"data": "cached", "sft": "cached"}
+    assert summary["prefect_flow_run_id"]
+
+
+def test_cli_refuses_a_bad_key_before_any_work():
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", "full", "--set", "ppo.kl_coeff=1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "unknown config key 'ppo.kl_coeff'" in out.stderr

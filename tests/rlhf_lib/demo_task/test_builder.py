@@ -1,0 +1,142 @@
+"""The data builder: determinism, sizes, split, ranking semantics, and readability by the pipeline's readers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhf_lib.config import DataConfig
+from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft
+from rlhf_lib.demo_task import (
+    EVAL_PAIR_MARGIN,
+    build_demo_task,
+    gold_score,
+    held_out_combos,
+    prompt_slots,
+    summarize,
+    train_combos,
+)
+
+SMALL = dict(n_train_prompts=40, n_eval_prompts=12, sft_per_prompt=2, ranked_per_prompt=2, responses_per_list=4,
+             eval_pairs_per_prompt=2)
+KEYS = {"sft", "preferences", "prompts_train", "prompts_eval", "eval_pairs"}
+
+
+def build(tmp: Path, name: str, **overrides: object) -> dict[str, Path]:
+    return build_demo_task(DataConfig(**{**SMALL, **overrides}), tmp / name)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build(tmp_path_factory.mktemp("demo"), "a")
+
+
+def test_same_seed_same_bytes(tmp_path: Path, built: dict[str, Path]) -> None:
+    again = build(tmp_path, "b")
+    assert set(again) == KEYS
+    for key in KEYS:
+        assert again[key].read_bytes() == built[key].read_bytes(), key
+
+
+def test_different_seed_different_data(tmp_path: Path, built: dict[str, Path]) -> None:
+    other = build(tmp_path, "c", seed=1)
+    for key in KEYS:
+        assert other[key].read_bytes() != built[key].read_bytes(), key
+
+
+def test_independent_of_hash_seed(tmp_path: Path, built: dict[str, Path]) -> None:
+    """Nothing depends on set/dict hashing: a fresh interpreter with another PYTHONHASHSEED writes the same bytes."""
+    code = (
+        "import sys, json; from rlhf_lib.config import DataConfig; from rlhf_lib.demo_task import build_demo_task; "
+        "from rlhf_lib.data import file_fingerprint; "
+        f"p = build_demo_task(DataConfig(**{SMALL!r}), sys.argv[1]); "
+        "print(json.dumps({k: file_fingerprint(v) for k, v in p.items()}))"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    root = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "h")], env=env, cwd=root, check=True,
+                         capture_output=True, text=True).stdout
+    assert json.loads(out) == {k: file_fingerprint(v) for k, v in built.items()}
+
+
+def test_sizes(built: dict[str, Path]) -> None:
+    n, e = SMALL["n_train_prompts"], SMALL["n_eval_prompts"]
+    assert len(lines(built["prompts_train"])) == n
+    assert len(lines(built["prompts_eval"])) == e
+    assert len(lines(built["sft"])) == n * SMALL["sft_per_prompt"]
+    assert len(lines(built["preferences"])) == n * SMALL["ranked_per_prompt"]
+    assert len(lines(built["eval_pairs"])) == e * SMALL["eval_pairs_per_prompt"]
+
+
+def test_split_respected(built: dict[str, Path]) -> None:
+    train, held = train_combos(), held_out_combos()
+    for key in ("prompts_train", "sft", "preferences"):
+        for row in lines(built[key]):
+            slots = prompt_slots(row["prompt"])
+            assert slots is not None and slots[:2] in train
+    for key in ("prompts_eval", "eval_pairs"):
+        for row in lines(built[key]):
+            slots = prompt_slots(row["prompt"])
+            assert slots is not None and slots[:2] in held
+
+
+def test_prompts_cover_pool_before_repeating(tmp_path: Path) -> None:
+    prompts = [r["prompt"] for r in lines(build(tmp_path, "d", n_eval_prompts=40)["prompts_eval"])]
+    assert len(set(prompts)) == 40  # fewer than the 76 distinct held-out prompts: no repeats yet
+
+
+def test_rankings_are_permutations_of_distinct_responses(built: dict[str, Path]) -> None:
+    for row in lines(built["preferences"]):
+        k = SMALL["responses_per_list"]
+        assert len(row["responses"]) == len(set(row["responses"])) == k
+        assert sorted(row["ranking"]) == list(range(k))
+        assert all(r.startswith(" ") and not r.startswith("  ") for r in row["responses"])
+
+
+def test_zero_noise_ranks_in_gold_order(tmp_path: Path) -> None:
+    for row in lines(build(tmp_path, "e", rank_noise=0.0)["preferences"]):
+        scores = [gold_score(row["prompt"], row["responses"][i]) for i in row["ranking"]]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_noise_makes_labels_imperfect(tmp_path: Path) -> None:
+    stats = summarize(build(tmp_path, "f", rank_noise=2.0))
+    assert 0.5 < stats["label_agreement"] < 1.0
+    assert summarize(build(tmp_path, "g", rank_noise=0.0))["label_agreement"] == 1.0
+
+
+def test_eval_pairs_have_margin(built: dict[str, Path]) -> None:
+    for row in lines(built["eval_pairs"]):
+        assert row["chosen"] != row["rejected"]
+        assert gold_score(row["prompt"], row["chosen"]) - gold_score(row["prompt"], row["rejected"]) >= EVAL_PAIR_MARGIN
+
+
+def test_files_pass_the_readers(built: dict[str, Path]) -> None:
+    assert not read_sft(built["sft"]).skipped
+    assert not read_ranked(built["preferences"]).skipped
+    assert not read_prompts(built["prompts_train"]).skipped
+    assert not read_prompts(built["prompts_eval"]).skipped
+    assert not read_pairs(built["eval_pairs"]).skipped
+
+
+def test_sft_is_mediocre_and_ranked_lists_span_the_range(built: dict[str, Path]) -> None:
+    stats = summarize(built)
+    assert stats["ranked_worst_mean_gold"] < stats["sft_mean_gold"] < stats["ranked_best_mean_gold"]
+    assert stats["sft_mean_gold"] < 1.5  # well below the best achievable ~3.15: headroom for RLHF
+    assert stats["eval_chosen_mean_gold"] > stats["eval_rejected_mean_gold"]
+
+
+def test_row_formats(built: dict[str, Path]) -> None:
+    assert set(lines(built["sft"])[0]) == {"prompt", "response"}
+    assert set(lines(built["preferences"])[0]) == {"prompt", "responses", "ranking"}
+    assert set(lines(built["prompts_eval"])[0]) == {"prompt"}
+    assert set(lines(built["eval_pairs"])[0]) == {"prompt", "chosen", "rejected"}

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlhf_lib.data.collate import encode_prompt_response, sft_batch
+from rlhf_lib.sft import response_lm_loss
+
+
+def test_loss_counts_response_tokens_only():
+    # V=2, T=3. Labels: prompt token at t=0 masked, response tokens at t=1 (label 1) and t=2 (label 0).
+    # Position 0 predicts label[1]=1 with logits [0, 0] -> -log 0.5; position 1 predicts label[2]=0 with
+    # logits [log 3, 0] -> p=3/4 -> -log 0.75. Mean = (0.69315 + 0.28768) / 2 = 0.49041.
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3), 0.0], [9.0, -9.0]]])
+    labels = torch.tensor([[-100, 1, 0]])
+    loss, stats = response_lm_loss(logits, labels)
+    assert math.isclose(float(loss), (math.log(2) - math.log(0.75)) / 2, rel_tol=1e-6)
+    assert stats["tokens"] == 2
+
+
+def test_sft_batch_masks_prompt_and_padding(tiny_tokenizer):
+    b = sft_batch(tiny_tokenizer, ["\n\nHuman: hi\n\nAssistant:", "\n\nHuman: topic 1\n\nAssistant:"],
+                  [" Sure.", " Sure, topic 1 is nice."], max_length=64)
+    for i, prompt in enumerate(["\n\nHuman: hi\n\nAssistant:", "\n\nHuman: topic 1\n\nAssistant:"]):
+        n_prompt = len(tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        n_real = int(b["attention_mask"][i].sum())
+        assert (b["labels"][i, :n_prompt] == -100).all()
+        assert (b["labels"][i, n_prompt:n_real] != -100).all()
+        assert (b["labels"][i, n_real:] == -100).all()
+        assert int(b["input_ids"][i, n_real - 1]) == tiny_tokenizer.eos_token_id
+
+
+def test_truncation_keeps_eos_and_cuts_prompt_from_left(tiny_tokenizer):
+    prompt = "\n\nHuman: " + "topic 1 " * 30 + "\n\nAssistant:"
+    ids, n_prompt = encode_prompt_response(tiny_tokenizer, prompt, " Sure, topic 1 is nice." * 5, max_length=40)
+    assert len(ids) == 40
+    assert ids[-1] == tiny_tokenizer.eos_token_id
+    assert n_prompt >= 20  # the prompt keeps at least half of max_length
+    full_prompt = tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    assert ids[:n_prompt] == full_prompt[-n_prompt:]
