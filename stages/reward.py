@@ -9,7 +9,7 @@ from prefect import flow
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.demo_task import FILE_NAMES
-from rlhf_lib.models import build_scalar_model
+from rlhf_lib.models import build_policy, build_scalar_model
 from rlhf_lib.reward import pairwise_accuracy, train_reward_model
 from stages.base import RunContext, log_dataset, run_cached
 from stages.cache import StageResult
@@ -22,8 +22,6 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
     def build(run: StageRun, out_dir: Path) -> None:
         sft_model, tokenizer = load_causal_lm(sft_dir)
         if not cfg.reward.init_from_sft:
-            from rlhf_lib.models import build_policy
-
             m = cfg.model
             sft_model = build_policy(tokenizer, None, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                                      n_positions=m.n_positions, seed=cfg.reward.seed)
