@@ -40,21 +40,6 @@ def configure_env(use_services: bool = True) -> Path:
     return state
 
 
-def prestart_ephemeral_prefect():
-    """Without a Prefect server, start Prefect's throwaway one in the background now, so its ~8 s start overlaps
-    the torch/transformers imports instead of following them. Returns a thread to join before the flow runs."""
-    if os.environ.get("PREFECT_API_URL"):
-        return None
-    os.environ.setdefault("PREFECT_UI_ENABLED", "false")  # the throwaway server needs no UI: halves its start
-    import threading
-
-    from prefect.server.api.server import SubprocessASGIServer
-
-    thread = threading.Thread(target=SubprocessASGIServer().start, name="prefect-ephemeral", daemon=True)
-    thread.start()
-    return thread
-
-
 def preset_layer(name: str) -> tuple[str, dict]:
     import yaml
 
@@ -91,16 +76,26 @@ def load_config(preset: str, config_file: str | None, sets: list[str]):
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.config, args.set or [])
     configure_env()
-    starting = prestart_ephemeral_prefect()
+    server = None
+    if not os.environ.get("PREFECT_API_URL"):
+        from flows.ephemeral import EphemeralPrefect
+
+        server = EphemeralPrefect()  # starts on the other core while this process imports torch and Prefect
+        os.environ["PREFECT_API_URL"] = server.api_url
     import torch
 
     torch.set_num_threads(cfg.torch_threads)
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
     from flows.pipeline import rlhf
 
-    if starting is not None:
-        starting.join()
-
-    summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [])
+    # Heartbeats let a long-lived server mark crashed runs; the throwaway server dies with this process, so they
+    # would only cost each sub-flow up to a second at exit.
+    updates = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if server else {}
+    if server:
+        server.wait()  # it stops at exit, after Prefect's own exit hooks have flushed logs and events to it
+    with temporary_settings(updates=updates):
+        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [])
     if args.json:
         print(json.dumps(summary), flush=True)
     else:

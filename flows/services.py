@@ -21,8 +21,20 @@ from typing import Callable
 # Helpers used below; `log_file` and `services_dir` are part of this module's public API (defined in procs so
 # the pid/url/log file layout lives in one place).
 from flows.procs import (
-    _forget, _http_get, _http_ok, _is_ours, _live_pid, _pid_alive, _pid_started_at, _port_open, _read_pid,
-    _recorded_url, _spawn, _stop_pid, _wait_ready, log_file, services_dir,
+    _forget,
+    _http_get,
+    _http_ok,
+    _is_ours,
+    _live_pid,
+    _pid_alive,
+    _pid_started_at,
+    _port_open,
+    _read_pid,
+    _recorded_url,
+    _spawn,
+    _stop_pid,
+    _wait_ready,
+    log_file,
 )
 
 DEFAULT_HOST = "127.0.0.1"

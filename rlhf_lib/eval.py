@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Judge = Callable[[str, str], float]
 

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    GPT2Config,
-    GPT2ForSequenceClassification,
-    GPT2LMHeadModel,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import: each builder imports what it uses
+    from transformers import GPT2Config, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -35,6 +28,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     model never learns to stop (N+ implementation details, "EOS trick").
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -53,6 +47,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer and make sure it has a PAD token distinct from EOS."""
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(str(name_or_path))
     if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
         tok.add_special_tokens({"pad_token": PAD_TOKEN})
@@ -71,6 +67,8 @@ def gpt2_config(
     tokenizer: PreTrainedTokenizerBase, n_layer: int, n_head: int, n_embd: int, n_positions: int
 ) -> GPT2Config:
     """A GPT-2 config sized for `tokenizer` (vocabulary covers every special token)."""
+    from transformers import GPT2Config
+
     cfg = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=n_positions,
@@ -96,6 +94,8 @@ def build_policy(
     seed: int = 0,
 ) -> PreTrainedModel:
     """A causal LM: loaded through `from_pretrained` when `name_or_path` is set, else a fresh GPT-2."""
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel
+
     if name_or_path:
         model = AutoModelForCausalLM.from_pretrained(name_or_path)
         _no_dropout(model.config)
@@ -115,6 +115,8 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0) -> P
     `source` is either a causal LM whose backbone weights are copied (the RM starts from SFT, as in InstructGPT)
     or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM).
     """
+    from transformers import AutoModelForSequenceClassification
+
     if isinstance(source, (str, Path)):
         model = AutoModelForSequenceClassification.from_pretrained(str(source), num_labels=1)
         _no_dropout(model.config)
@@ -130,10 +132,6 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0) -> P
     # A zero-initialised head makes the untrained RM's score 0 for every input: a neutral start.
     torch.nn.init.zeros_(model.score.weight)
     return model.eval()
-
-
-def is_sequence_classifier(model: PreTrainedModel) -> bool:
-    return isinstance(model, GPT2ForSequenceClassification) or hasattr(model, "score")
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

@@ -5,10 +5,10 @@ overfitting of treating each pair as its own example)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
@@ -21,6 +21,9 @@ from rlhf_lib.training import (
     seed_everything,
     shuffled_batches,
 )
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LogFn = Callable[[int, dict[str, float]], None]
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lib.config import SFTConfig
 from rlhf_lib.data.collate import sft_batch
@@ -18,6 +18,9 @@ from rlhf_lib.training import (
     seed_everything,
     shuffled_batches,
 )
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LogFn = Callable[[int, dict[str, float]], None]
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from rlhf_lib.models import build_policy, build_scalar_model, load_tokenizer
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:

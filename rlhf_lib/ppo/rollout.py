@@ -8,11 +8,14 @@ emitted EOS, and costs one model call per token with no per-step logits processo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lib.ppo.scoring import cache_kwarg, position_ids
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def encode_prompts(

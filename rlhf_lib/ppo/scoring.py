@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import inspect
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from rlhf_lib.ppo.losses import entropy_from_logits
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,9 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.models import freeze
@@ -28,6 +28,9 @@ from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores, token_values
 from rlhf_lib.ppo.types import Rollout
 from rlhf_lib.ppo.update import ppo_epochs
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass

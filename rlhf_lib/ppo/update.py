@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
 from rlhf_lib.ppo.scoring import response_logprobs, token_values
 from rlhf_lib.ppo.types import Rollout
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel
 
 
 def trim_padding(mb: Rollout) -> Rollout:

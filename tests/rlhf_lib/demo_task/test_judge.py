@@ -8,8 +8,16 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_lib.demo_task import BROAD_MIX, SFT_MIX, TOPICS, gold_breakdown, gold_score, make_prompt, sample_response
-from rlhf_lib.demo_task import judge
+from rlhf_lib.demo_task import (
+    BROAD_MIX,
+    SFT_MIX,
+    TOPICS,
+    gold_breakdown,
+    gold_score,
+    judge,
+    make_prompt,
+    sample_response,
+)
 
 PROMPT = make_prompt("chess", 0)
 F = TOPICS["chess"]
