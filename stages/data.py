@@ -51,7 +51,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@flow(name="data")
+@flow(name="data", flow_run_name="data-{config.name}")
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the demo task deterministically from `data.seed` and log it as versioned data sets."""
     result, _ = run_cached(ctx, "data", config.data.model_dump(), {}, "demo", _build(config))

@@ -59,7 +59,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
     return build
 
 
-@flow(name="eval")
+@flow(name="eval", flow_run_name="eval-{config.name}")
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
                reward: StageResult, ppo: StageResult) -> tuple[StageResult, dict]:
     """Evaluate on held-out prompts; returns the stage result and the report's metrics."""

@@ -93,7 +93,7 @@ def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) ->
         run.log_metrics(stats, step=it)
 
 
-@flow(name="ppo")
+@flow(name="ppo", flow_run_name="ppo-{config.name}")
 def ppo_stage(
     config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult
 ) -> StageResult:

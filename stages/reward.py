@@ -40,7 +40,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
     return build
 
 
-@flow(name="reward")
+@flow(name="reward", flow_run_name="reward-{config.name}")
 def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
     """Train the reward model on ranked lists; report pairwise accuracy on noise-free held-out pairs."""
     data_dir = download(data.artifact_uri)

@@ -50,7 +50,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
     return build
 
 
-@flow(name="sft")
+@flow(name="sft", flow_run_name="sft-{config.name}")
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
     data_dir = download(data.artifact_uri)

@@ -62,7 +62,9 @@ def setup_mlflow() -> str:
     # Artifacts live beside the store as plain files, so a local run and the `rlhf up` server share them.
     location = None if uri.startswith("http") else (state_dir() / "mlartifacts").as_uri()
     try:
-        return client.create_experiment(EXPERIMENT, artifact_location=location)
+        # The kind tag makes the MLflow UI open the experiment on its training-runs view, not the GenAI one.
+        return client.create_experiment(EXPERIMENT, artifact_location=location,
+                                        tags={"mlflow.experimentKind": "custom_model_development"})
     except mlflow.exceptions.MlflowException:  # created concurrently by another run
         return client.get_experiment_by_name(EXPERIMENT).experiment_id
 
