@@ -95,7 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if server:
         server.wait()  # it stops at exit, after Prefect's own exit hooks have flushed logs and events to it
     with temporary_settings(updates=updates):
-        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [])
+        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
+                       reward_model=args.reward_model)
     if args.json:
         print(json.dumps(summary), flush=True)
     else:
@@ -180,6 +181,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--config", help="YAML file merged over the preset")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one key, e.g. ppo.kl_coef=0.1")
     r.add_argument("--force", action="append", metavar="STAGE", help="recompute STAGE even on a cache hit")
+    r.add_argument("--sft-model", metavar="URI", help="use this SFT model instead of the sft stage")
+    r.add_argument("--reward-model", metavar="URI", help="use this reward model instead of the reward stage, "
+                   "e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion or runs:/<run id>/model")
     r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line")
     r.set_defaults(fn=cmd_run)
     s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")

@@ -15,7 +15,7 @@ from prefect.runtime import flow_run
 
 from rlhf_lib.config import PipelineConfig
 from stages.base import RunContext
-from stages.cache import StageResult
+from stages.cache import StageResult, given_model
 from stages.data import data_stage
 from stages.eval import eval_stage
 from stages.ppo import ppo_stage
@@ -26,6 +26,15 @@ from stages.tracking import setup_mlflow, tracking_uri
 Pipeline = Literal["full", "sft", "reward", "ppo", "eval"]
 STAGES = ("data", "sft", "reward", "ppo", "eval")
 LAST_STAGE = {"full": "eval", "eval": "eval", "ppo": "ppo", "reward": "reward", "sft": "sft"}
+
+
+def downstream_of(stages: list[str]) -> list[str]:
+    """The named stages and every stage after them: a recomputed stage invalidates what it feeds."""
+    bad = sorted(set(stages) - set(STAGES))
+    if bad:
+        raise ValueError(f"force: unknown stage(s) {bad}; expected some of {list(STAGES)}")
+    first = min((STAGES.index(s) for s in stages), default=len(STAGES))
+    return list(STAGES[first:])
 
 
 def config_hash(config: PipelineConfig) -> str:
@@ -41,16 +50,20 @@ def run_name() -> str:
 
 
 @flow(name="rlhf", flow_run_name=run_name, validate_parameters=True)
-def rlhf(config: PipelineConfig = PipelineConfig(), pipeline: Pipeline = "full", force: list[str] | None = None) -> dict:
+def rlhf(
+    config: PipelineConfig = PipelineConfig(),
+    pipeline: Pipeline = "full",
+    force: list[str] | None = None,
+    sft_model: str | None = None,
+    reward_model: str | None = None,
+) -> dict:
     """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
 
-    `force` names stages to recompute even on a cache hit (what depends on them reruns because their
-    artifacts change identity).
+    `force` names stages to recompute even on a cache hit, together with every stage after them.
+    `sft_model` / `reward_model` take a model URI (`models:/rlhf-reward/3`, `models:/rlhf-reward@champion`,
+    `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
     """
-    force = list(force or [])
-    bad = sorted(set(force) - set(STAGES))
-    if bad:
-        raise ValueError(f"force: unknown stage(s) {bad}; expected some of {list(STAGES)}")
+    force = downstream_of(force or [])
     torch.set_num_threads(config.torch_threads)
     t0 = time.perf_counter()
     experiment_id = setup_mlflow()
@@ -69,9 +82,10 @@ def rlhf(config: PipelineConfig = PipelineConfig(), pipeline: Pipeline = "full",
     try:
         results["data"] = data_stage(config, ctx)
         if last >= 1:
-            results["sft"] = sft_stage(config, ctx, results["data"])
+            results["sft"] = given_model("sft", sft_model) if sft_model else sft_stage(config, ctx, results["data"])
         if last >= 2:
-            results["reward"] = reward_stage(config, ctx, results["data"], results["sft"])
+            results["reward"] = (given_model("reward", reward_model) if reward_model
+                                 else reward_stage(config, ctx, results["data"], results["sft"]))
         if last >= 3:
             results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], results["reward"])
         if last >= 4:

@@ -93,7 +93,21 @@ class PPOConfig(_Section):
     whiten_advantages: bool = Field(True, description="Whiten advantages over the rollout (masked).")
     max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
     sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
+    checkpoint_every: int = Field(10, ge=1, description="Log a checkpoint (weights, optimizer, RNG, KL state) every "
+                                  "N iterations, and after the last one.")
     seed: int = Field(0, description="Seed of prompt order and sampling.")
+    alarm_kl_factor: float = Field(4.0, gt=0, description="KL blow-up alarm: KL above this many times target_kl.")
+    alarm_entropy_min: float = Field(0.05, ge=0, description="Entropy-collapse alarm: mean token entropy below this.")
+    alarm_explained_variance_min: float = Field(
+        0.0, description="Critic-lag alarm: explained variance below this after the warm-up."
+    )
+    alarm_length_frac: float = Field(0.95, gt=0, le=1, description="Length-explosion alarm: mean length above this "
+                                     "fraction of max_new_tokens (or over half the responses without EOS).")
+    alarm_window: int = Field(5, ge=2, description="Iterations over which reward hacking (RM up, gold or length "
+                              "diverging) is judged.")
+    alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
+    stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
+                                "last completed iteration is registered.")
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> "PPOConfig":

@@ -35,6 +35,7 @@ class Generations:
 class EvalResult:
     metrics: dict[str, float | None]
     samples: list[dict[str, object]] = field(default_factory=list)
+    lengths: dict[str, list[float]] = field(default_factory=dict)  # response lengths, "PPO policy" and "SFT"
 
 
 @torch.inference_mode()
@@ -100,4 +101,5 @@ def evaluate(
     """Held-out comparison of `policy` with `sft` (which is also the KL reference)."""
     pol = generate_and_score(policy, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
     base = generate_and_score(sft, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report))
+    return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),
+                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()})

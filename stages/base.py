@@ -7,21 +7,25 @@ that `lookup` requires. A stage that raises ends FAILED, without the tag, and is
 
 from __future__ import annotations
 
+import fcntl
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import pandas as pd
 from mlflow.entities import DatasetInput, InputTag
-from prefect import get_run_logger
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 from pydantic import BaseModel
 
 from stages.cache import StageResult, cache_key, lookup
-from stages.tracking import MODEL_NAMES, StageRun, download, register, write_manifest
+from stages.tracking import MODEL_NAMES, StageRun, download, register, state_dir, write_manifest
 
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
 
@@ -47,24 +51,34 @@ def run_cached(
     data_fingerprint: str,
     build: BuildFn,
 ) -> tuple[StageResult, Path]:
-    """Return the stage's result and the local path of its artifacts, from the cache or by running `build`."""
+    """Return the stage's result and the local path of its artifacts, from the cache or by running `build`.
+
+    The look-up and the run happen under a lock on the cache key, so two pipelines started together do not both
+    train and register the same stage: the second waits, then finds the first one's result.
+    """
     logger = get_run_logger()
     t0 = time.perf_counter()
     key = cache_key(stage, section, {k: v.digest for k, v in upstream.items()}, data_fingerprint)
-    parent = mlflow.MlflowClient()
-    if stage not in ctx.force:
-        hit = lookup(ctx.experiment_id, stage, key)
-        if hit is not None:
-            result, local = hit
-            result.seconds = time.perf_counter() - t0
-            parent.set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
-            logger.info("%s: cache hit %s (run %s)", stage, key, result.mlflow_run_id)
-            return result, local
+    with key_lock(stage, key):
+        if stage not in ctx.force:
+            hit = lookup_task(ctx.experiment_id, stage, key)
+            if hit is not None:
+                result, local = hit
+                result.seconds = time.perf_counter() - t0
+                mlflow.MlflowClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
+                logger.info("%s: cache hit %s (run %s)", stage, key, result.mlflow_run_id)
+                return result, local
+        result = _run(ctx, stage, key, section, upstream, data_fingerprint, build)
+    result.seconds = time.perf_counter() - t0
+    return result, download(result.artifact_uri)
 
+
+def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstream: dict[str, StageResult],
+         data_fingerprint: str, build: BuildFn) -> StageResult:
     lineage = {f"rlhf.upstream.{k}": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
     lineage.update({"rlhf.data_fingerprint": data_fingerprint, "rlhf.cache_key": key})
     run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, f"{stage}-{key[:8]}", lineage_tags(lineage))
-    logger.info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
+    get_run_logger().info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
     try:
         with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-") as tmp:
             out_dir = Path(tmp) / ARTIFACT_DIR[stage]
@@ -72,22 +86,56 @@ def run_cached(
             run.log_params({f"{stage}.{k}": v for k, v in flatten(section).items()})
             build(run, out_dir)
             digest = write_manifest(out_dir)
-            run.log_dir(out_dir, ARTIFACT_DIR[stage])
-        artifact_uri = f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}"
-        model_uri = None
-        if stage in MODEL_NAMES:
-            model_uri = register(run, ARTIFACT_DIR[stage], {**lineage, "rlhf.digest": digest})
-        run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": artifact_uri, "rlhf.model_uri": model_uri or "",
-                      "rlhf.cache_key": key})
-        run.finish("FINISHED")
+            model_uri = publish_task(run, out_dir, lineage, digest)
     except BaseException:
         run.finish("FAILED")
         raise
-    parent.set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
-    result = StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
-                         artifact_uri=artifact_uri, digest=digest, model_uri=model_uri,
-                         seconds=time.perf_counter() - t0)
-    return result, download(artifact_uri)
+    mlflow.MlflowClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
+    return StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
+                       artifact_uri=f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}", digest=digest, model_uri=model_uri)
+
+
+# I/O tasks: MLflow calls, retried with backoff (a transient store error must not cost a trained model). Training
+# itself is never retried. Both are idempotent: a look-up reads; a publish re-logs the same files, registers at
+# most one version per run (see `register`) and sets the same tags.
+_IO = dict(cache_policy=NO_CACHE, persist_result=False, retries=3, retry_delay_seconds=[1, 4, 10])
+
+
+@task(name="lookup-cache", **_IO)
+def lookup_task(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
+    return lookup(experiment_id, stage, key)
+
+
+@task(name="publish", **_IO)
+def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
+    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit."""
+    run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
+    model_uri = register(run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest}) if run.stage in MODEL_NAMES else None
+    run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
+                  "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
+    run.finish("FINISHED")
+    return model_uri
+
+
+@contextmanager
+def key_lock(stage: str, key: str):
+    """An exclusive lock per (stage, cache key) in the state dir: processes on this machine take turns."""
+    locks = state_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{stage}-{key}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def as_state(result: StageResult, value: Any = None) -> Any:
+    """What a stage sub-flow returns: on a cache hit a Prefect `Cached` (Completed) state, so the UI shows it."""
+    data = result if value is None else value
+    if result.status == "cached":
+        return Completed(data=data, name="Cached", message=f"cache hit {result.cache_key}")
+    return data
 
 
 def lineage_tags(lineage: dict[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import mlflow
 from pydantic import BaseModel
 
-from stages.tracking import download, verify_manifest
+from stages.tracking import dir_digest, download, verify_manifest
 
 # The modules whose source each stage's result depends on (besides the stage module itself).
 STAGE_CODE: dict[str, list[str]] = {
@@ -41,12 +41,15 @@ class StageResult(BaseModel):
     digest: str
     model_uri: str | None = None
     seconds: float = 0.0
+    source: str | None = None  # set when the user named the artifact (e.g. --reward-model models:/rlhf-reward/3)
 
     def summary(self) -> dict[str, Any]:
         out = {"status": self.status, "cache_key": self.cache_key, "mlflow_run_id": self.mlflow_run_id,
                "seconds": round(self.seconds, 2)}
         if self.model_uri:
             out["model_uri"] = self.model_uri
+        if self.source:
+            out["source"] = self.source
         return out
 
 
@@ -104,3 +107,28 @@ def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path]
             local,
         )
     return None
+
+
+def given_model(stage: str, uri: str) -> StageResult:
+    """A stage result for a model the user named instead of the cached stage (`models:/rlhf-reward/3`,
+    `models:/rlhf-reward@champion`, `runs:/<id>/model`, or any artifact URI). Its identity is the digest of its
+    files, so downstream cache keys follow the model, not the name. It counts as `cached`: nothing was trained."""
+    local = download(uri)
+    manifest = local / "manifest.json"
+    if manifest.is_file():
+        files = json.loads(manifest.read_text())
+        digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        if not verify_manifest(local, digest):
+            raise ValueError(f"{uri}: files do not match its manifest.json (corrupted or partly deleted)")
+    else:
+        digest = dir_digest(local)
+    run_id = ""
+    if uri.startswith("models:/"):
+        from stages.tracking import model_version
+
+        mv = model_version(uri)
+        uri, run_id = f"models:/{mv.name}/{mv.version}", mv.run_id or ""
+    elif uri.startswith("runs:/"):
+        run_id = uri.removeprefix("runs:/").split("/")[0]
+    return StageResult(stage=stage, status="cached", cache_key="", mlflow_run_id=run_id, artifact_uri=str(local),
+                       digest=digest, model_uri=uri if uri.startswith("models:/") else None, source=uri)

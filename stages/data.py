@@ -10,7 +10,7 @@ from prefect import flow
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts, read_ranked, read_sft
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
-from stages.base import RunContext, log_dataset, run_cached
+from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.tracking import StageRun
 
@@ -55,4 +55,4 @@ def _sha(path: Path) -> str:
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the demo task deterministically from `data.seed` and log it as versioned data sets."""
     result, _ = run_cached(ctx, "data", config.data.model_dump(), {}, "demo", _build(config))
-    return result
+    return as_state(result)

@@ -6,24 +6,33 @@ import json
 from pathlib import Path
 
 from mlflow import MlflowClient
-from prefect import flow
+from mlflow.exceptions import MlflowException
+from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.eval import evaluate
 from rlhf_lib.reward import pairwise_accuracy
-from stages.base import RunContext, log_dataset, run_cached
+from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
 from stages.models_io import load_causal_lm, load_scalar
 from stages.report import CURVES, render_html
-from stages.tracking import StageRun, download
+from stages.tracking import StageRun, download, model_version
 
 
 def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
     client = MlflowClient()
     return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key, _ in CURVES}
+
+
+def ppo_alarms(ppo_run_id: str) -> list[str]:
+    """The alarms the PPO run raised (its `rlhf.alarm.<name>` tags), as report lines."""
+    if not ppo_run_id:
+        return []
+    tags = MlflowClient().get_run(ppo_run_id).data.tags
+    return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[str, Path],
@@ -51,10 +60,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
             | {"data run": data.mlflow_run_id, "eval prompts": len(prompts)},
             "metrics": metrics,
         }
-        (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))
         history = ppo_history(upstream["ppo"].mlflow_run_id)
-        (out_dir / "report.html").write_text(render_html(summary, history, result.samples), encoding="utf-8")
+        alarms = ppo_alarms(upstream["ppo"].mlflow_run_id)
+        summary["alarms"] = alarms
+        (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
+        html = render_html(summary, history, result.samples, result.lengths, alarms)
+        (out_dir / "report.html").write_text(html, encoding="utf-8")
         run.log_table(result.samples, "samples_table.json")
     return build
 
@@ -68,5 +80,35 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     dirs = {k: download(v.artifact_uri) for k, v in upstream.items()}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
     section = {"eval": config.eval.model_dump(), "max_prompt_tokens": config.model.n_positions}
-    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, _build(config, data_dir, data, dirs, upstream))
-    return result, json.loads((local / "report.json").read_text())["metrics"]
+    build = _build(config, data_dir, data, dirs, upstream)
+    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build)
+    metrics = json.loads((local / "report.json").read_text())["metrics"]
+    if result.status == "ran" and ppo.model_uri:
+        promote_champion(ppo.model_uri, metrics)
+    return as_state(result, (result, metrics))
+
+
+def champion_metric(metrics: dict) -> str:
+    """The held-out gold win rate where the task has a judge, else the RM reward."""
+    return "win_rate_vs_sft" if metrics.get("win_rate_vs_sft") is not None else "reward_mean"
+
+
+def promote_champion(policy_uri: str, metrics: dict) -> bool:
+    """Tag the policy version with its eval metric and give it the `champion` alias when it beats the current
+    champion's (or there is none). Returns whether it became champion."""
+    key = champion_metric(metrics)
+    mv = model_version(policy_uri)
+    client = MlflowClient()
+    value = float(metrics[key])
+    client.set_model_version_tag(mv.name, mv.version, f"rlhf.eval.{key}", str(value))
+    with key_lock("champion", mv.name):  # two evals finishing together must not both win on a stale read
+        try:
+            champ = client.get_model_version_by_alias(mv.name, "champion")
+            best = float(champ.tags.get(f"rlhf.eval.{key}", "-inf"))
+        except MlflowException:
+            champ, best = None, float("-inf")
+        if champ is not None and (champ.version == mv.version or value <= best):
+            return False
+        client.set_registered_model_alias(mv.name, "champion", mv.version)
+    get_run_logger().info("%s is the new champion (%s = %.4f, was %.4f)", policy_uri, key, value, best)
+    return True

@@ -8,17 +8,21 @@ tensor is ever JSON-encoded as a flow parameter.
 from __future__ import annotations
 
 import copy
+import tempfile
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.ppo.alarms import AlarmMonitor
+from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
+from rlhf_lib.ppo.rollout import decode_responses
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.ppo.types import Rollout
-from stages.base import RunContext, log_dataset, run_cached
+from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
 from stages.models_io import load_causal_lm, load_scalar, save_model
@@ -74,23 +78,45 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
     return build
 
 
+def log_checkpoint(trainer: PPOTrainer, run: StageRun) -> None:
+    """Save the trainer's whole state (no pickle) and log it to the PPO run as `checkpoints/iter_NNNNNN/`."""
+    with tempfile.TemporaryDirectory(prefix="rlhf-ckpt-") as tmp:
+        path = save_checkpoint(trainer, checkpoint_dir(Path(tmp), trainer.iteration))
+        run.log_dir(path, f"checkpoints/{path.name}")
+
+
 def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) -> None:
     """The loop of the PPO sub-flow: one rollout -> score -> gae -> update chain of tasks per iteration, with the
     metrics of each iteration logged to MLflow. The gold judge (demo task only) scores logged samples, never
-    the policy's reward."""
+    the policy's reward. Alarms go to the Prefect log as warnings and to the run as `rlhf.alarm.<name>` tags."""
+    monitor, raised = AlarmMonitor(trainer.cfg), set()
     for it in range(iterations):
         ro = rollout_task(trainer)
         ro = score_task(trainer, ro)
         stats = gae_task(trainer, ro)
         stats.update(update_task(trainer, ro))
+        if judge is not None:  # monitoring only: the gold judge never enters the reward
+            texts = decode_responses(trainer.m.tokenizer, ro.response, ro.response_mask)
+            stats["objective/gold"] = sum(judge(p, t) for p, t in zip(ro.prompts, texts)) / len(texts)
         if it % trainer.cfg.sample_every == 0 or it == iterations - 1:
             rows = trainer.samples(ro, 8)
             if judge is not None:
                 for r in rows:
                     r["gold"] = judge(r["prompt"], r["response"])
-                stats["objective/gold_sample_mean"] = sum(r["gold"] for r in rows) / len(rows)
             run.log_table(rows, f"samples/iter_{it:04d}.json")
         run.log_metrics(stats, step=it)
+        alarms = monitor.check(it, stats)
+        for alarm in alarms:
+            get_run_logger().warning("PPO alarm %s at %s", alarm.name, alarm)
+            if alarm.name not in raised:  # the tag keeps the first occurrence; the log has every one
+                run.set_tags({f"rlhf.alarm.{alarm.name}": str(alarm)})
+                raised.add(alarm.name)
+        healthy = not any(a.name == "nan" for a in alarms)  # a non-finite state is never checkpointed
+        if healthy and ((it + 1) % trainer.cfg.checkpoint_every == 0 or it == iterations - 1):
+            log_checkpoint(trainer, run)
+        if alarms and trainer.cfg.stop_on_alarm:
+            run.set_tags({"rlhf.stopped_on_alarm": f"iteration {it}: {', '.join(a.name for a in alarms)}"})
+            return
 
 
 @flow(name="ppo", flow_run_name="ppo-{config.name}")
@@ -103,4 +129,4 @@ def ppo_stage(
     section = {"ppo": config.ppo.model_dump(), "max_prompt_tokens": config.model.n_positions}
     result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
                            file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
-    return result
+    return as_state(result)

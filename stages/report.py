@@ -11,11 +11,22 @@ CURVES = [
     ("objective/score", "RM score"), ("objective/kl", "KL to reference (nats/response)"),
     ("objective/kl_coef", "beta"), ("policy/entropy", "entropy"), ("response/length_mean", "response length"),
     ("policy/clipfrac", "clip fraction"), ("value/explained_variance", "explained variance"),
-    ("objective/gold_sample_mean", "gold score of logged samples"),
+    ("objective/gold", "gold score (judge, monitoring only)"),
 ]
 
 
+def _plt():
+    """pyplot on the Agg backend, imported only when a report is drawn (a cached run never pays for it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(fig) -> str:
+    """The figure as base64 PNG (matplotlib's Agg backend: no display needed)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
@@ -23,10 +34,7 @@ def _png(fig) -> str:
 
 def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
     """A grid of the PPO curves over iterations, as base64 PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plt()
 
     present = [(k, t) for k, t in CURVES if history.get(k)]
     if not present:
@@ -47,6 +55,50 @@ def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
     return out
 
 
+def overoptimisation_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
+    """Proxy (RM) and gold reward of each iteration's rollout against its KL to the reference: past some KL the
+    proxy keeps rising while the gold falls when the policy over-optimises the reward model."""
+    plt = _plt()
+
+    kl = dict(history.get("objective/kl", []))
+    if not kl:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in (("objective/score", "proxy: RM score"), ("objective/gold", "gold: judge")):
+        pts = sorted((kl[s], v) for s, v in history.get(key, []) if s in kl)
+        if pts:
+            ax.plot(*zip(*pts), marker=".", label=label)
+    ax.set_xlabel("KL to reference (nats/response)")
+    ax.set_ylabel("mean reward of the rollout")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def lengths_png(lengths: dict[str, list[float]]) -> str | None:
+    """Histogram of response lengths on the held-out prompts, policy vs SFT."""
+    plt = _plt()
+
+    if not any(lengths.values()):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    top = max(max(v) for v in lengths.values() if v)
+    for name, values in lengths.items():
+        ax.hist(values, bins=range(0, int(top) + 2), alpha=0.5, label=name)
+    ax.set_xlabel("response length (tokens, EOS included)")
+    ax.set_ylabel("responses")
+    ax.legend()
+    out = _png(fig)
+    plt.close(fig)
+    return out
+
+
+def _img(png: str | None, alt: str) -> str:
+    return f'<img alt="{alt}" src="data:image/png;base64,{png}">' if png else f"<p>no data for {alt}</p>"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "<p>none</p>"
@@ -65,8 +117,9 @@ def _fmt(v: Any) -> str:
 
 
 def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, float]]],
-                samples: list[dict[str, Any]]) -> str:
-    """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT)."""
+                samples: list[dict[str, Any]], lengths: dict[str, list[float]] | None = None,
+                alarms: list[str] | None = None) -> str:
+    """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT); `alarms` the PPO run's alarms."""
     metrics = summary["metrics"]
     pairs = [("gold reward (judge)", "gold_reward_mean", "gold_reward_mean_sft"),
              ("RM reward", "reward_mean", "reward_mean_sft"),
@@ -75,8 +128,11 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
     table += [{"metric": k, "PPO policy": metrics.get(k), "SFT": None}
               for k in ("win_rate_vs_sft", "kl_to_ref", "no_eos_frac", "reward_model_accuracy")]
     lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
-    png = curves_png(history)
-    curves = f'<img alt="PPO curves" src="data:image/png;base64,{png}">' if png else "<p>no PPO history</p>"
+    curves = _img(curves_png(history), "PPO curves")
+    overopt = _img(overoptimisation_png(history), "proxy and gold reward against KL")
+    hist = _img(lengths_png(lengths or {}), "response lengths")
+    alarm_html = ("<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>") if alarms else \
+        "<p>none raised</p>"
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
              "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top;"
              "white-space:pre-wrap}th{background:#f3f3f3}")
@@ -86,6 +142,9 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<h2>Lineage</h2>{_table(lineage)}"
         f"<h2>Held-out metrics: PPO policy vs SFT</h2>{_table(table)}"
         f"<h2>PPO training curves</h2>{curves}"
+        f"<h2>Proxy vs gold reward against KL</h2>{overopt}"
+        f"<h2>Response lengths on held-out prompts</h2>{hist}"
+        f"<h2>Alarms</h2>{alarm_html}"
         f"<h2>Samples on held-out prompts</h2>{_table(samples)}"
         "</body></html>"
     )

@@ -11,7 +11,7 @@ from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.models import build_policy, build_scalar_model
 from rlhf_lib.reward import pairwise_accuracy, train_reward_model
-from stages.base import RunContext, log_dataset, run_cached
+from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
 from stages.models_io import load_causal_lm, save_model
@@ -48,4 +48,4 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     section = {"reward": config.reward.model_dump()}
     result, _ = run_cached(ctx, "reward", section, {"sft": sft}, fingerprint, _build(config, data_dir, data, sft_dir))
-    return result
+    return as_state(result)

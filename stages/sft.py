@@ -12,7 +12,7 @@ from rlhf_lib.data import read_prompts, read_ranked, read_sft
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.models import build_policy, count_parameters, load_tokenizer, train_tokenizer
 from rlhf_lib.sft import train_sft
-from stages.base import RunContext, log_dataset, run_cached
+from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
 from stages.models_io import save_model
@@ -58,4 +58,4 @@ def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> Sta
     # The tokenizer is trained on these three files, the model on the first.
     fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))
     result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))
-    return result
+    return as_state(result)

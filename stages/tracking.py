@@ -134,8 +134,12 @@ def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:
         client.create_registered_model(name, description=f"rlhf-pipeline {run.stage} models")
     except mlflow.exceptions.MlflowException:
         pass  # exists
-    mv = client.create_model_version(name, source=f"{run.artifact_uri}/{artifact_path}", run_id=run.run_id,
-                                     tags={k: str(v) for k, v in tags.items()})
+    source = f"{run.artifact_uri}/{artifact_path}"
+    # Idempotent: a retried publish must not register the same run's artifacts twice.
+    for mv in client.search_model_versions(f"name = '{name}' and run_id = '{run.run_id}'"):
+        if mv.source == source:
+            return f"models:/{name}/{mv.version}"
+    mv = client.create_model_version(name, source=source, run_id=run.run_id, tags={k: str(v) for k, v in tags.items()})
     return f"models:/{name}/{mv.version}"
 
 
@@ -169,3 +173,22 @@ def verify_manifest(local_dir: Path, digest: str) -> bool:
         if not p.is_file() or hashlib.sha256(p.read_bytes()).hexdigest() != sha:
             return False
     return True
+
+
+def model_version(uri: str):
+    """The registry entry behind `models:/name/version` or `models:/name@alias`, or a clear error naming it."""
+    ref = uri.removeprefix("models:/")
+    name, sep, alias = ref.partition("@")
+    client = MlflowClient()
+    try:
+        if sep:
+            return client.get_model_version_by_alias(name, alias)
+        name, _, version = ref.partition("/")
+        if version == "latest":
+            versions = client.search_model_versions(f"name = '{name}'")
+            if not versions:
+                raise FileNotFoundError(f"no registered model {uri}: {name} has no versions")
+            return max(versions, key=lambda mv: int(mv.version))
+        return client.get_model_version(name, version)
+    except mlflow.exceptions.MlflowException as e:
+        raise FileNotFoundError(f"no registered model {uri}: {e.message}") from None

@@ -70,6 +70,8 @@ def test_mlflow_holds_nested_runs_models_lineage_and_report(first):
     ppo_run = client.get_run(first["stages"]["ppo"]["mlflow_run_id"])
     assert {"objective/kl", "objective/score", "policy/entropy", "loss/value"} <= set(ppo_run.data.metrics)
     assert len(client.get_metric_history(ppo_run.info.run_id, "objective/kl")) == 2  # one per iteration
+    ckpt = {f.path for f in client.list_artifacts(ppo_run.info.run_id, "checkpoints/iter_000002")}
+    assert {"checkpoints/iter_000002/policy.safetensors", "checkpoints/iter_000002/state.json"} <= ckpt
     eval_files = {f.path for f in client.list_artifacts(first["stages"]["eval"]["mlflow_run_id"], "report")}
     assert {"report/report.html", "report/report.json", "report/samples.json"} <= eval_files
     assert client.get_run(first["stages"]["data"]["mlflow_run_id"]).inputs.dataset_inputs
@@ -91,6 +93,50 @@ def test_unchanged_rerun_is_fully_cached(first):
     assert statuses(again) == {s: "cached" for s in STAGES}
     assert again["eval"] == first["eval"]
     assert MlflowClient().get_run(again["mlflow_run_id"]).data.tags["rlhf.cache_hit"] == "true"
+
+
+def test_cache_hits_are_cached_states_in_prefect(first):
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import rlhf
+
+    rlhf(config=load_config("micro", None, []), pipeline="sft")
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs()
+    states = {(r.name, r.state.name) for r in runs if r.name in ("data-micro", "sft-micro")}
+    assert ("data-micro", "Cached") in states and ("sft-micro", "Cached") in states
+
+
+def test_first_policy_is_champion_with_its_metric(first):
+    client = MlflowClient()
+    champ = client.get_model_version_by_alias("rlhf-policy", "champion")
+    assert f"models:/rlhf-policy/{champ.version}" == first["stages"]["ppo"]["model_uri"]
+    assert float(champ.tags["rlhf.eval.win_rate_vs_sft"]) == first["eval"]["win_rate_vs_sft"]
+
+
+def test_ppo_against_a_named_reward_model(first):
+    from flows.pipeline import rlhf
+
+    rm_uri = first["stages"]["reward"]["model_uri"]
+    out = rlhf(config=load_config("micro", None, ["ppo.kl_coef=0.2"]), pipeline="ppo", reward_model=rm_uri)
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran"}
+    assert out["stages"]["reward"]["source"] == rm_uri
+    name, version = out["stages"]["ppo"]["model_uri"].removeprefix("models:/").split("/")
+    assert MlflowClient().get_model_version(name, version).tags["rlhf.upstream.reward"] == rm_uri
+
+
+def test_a_missing_model_version_is_named():
+    from flows.pipeline import rlhf
+
+    with pytest.raises(FileNotFoundError, match="models:/rlhf-reward/999"):
+        rlhf(config=load_config("micro", None, []), pipeline="ppo", reward_model="models:/rlhf-reward/999")
+
+
+def test_force_reruns_the_stage_and_everything_after_it(first):
+    from flows.pipeline import rlhf
+
+    out = rlhf(config=load_config("micro", None, []), pipeline="full", force=["ppo"])
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran", "eval": "ran"}
 
 
 def test_changed_ppo_setting_reruns_ppo_and_eval_only(first):

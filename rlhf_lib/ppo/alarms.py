@@ -1,0 +1,95 @@
+"""Alarms: rules over the per-iteration PPO metrics that flag the known ways an RLHF run goes wrong.
+
+Each rule reads the dashboard metrics of `PPOTrainer` (names as logged) and the recent history of a few of
+them. A rule that fires returns an `Alarm`; the stage logs it as a Prefect warning and an MLflow tag, the eval
+report lists it, and `ppo.stop_on_alarm` ends the loop.
+
+- nan: a non-finite metric (loss, reward, KL...): the update is numerically broken.
+- kl_blowup: KL to the reference above `alarm_kl_factor` x `target_kl` (Ziegler et al. 2019 keep it near target).
+- entropy_collapse: mean token entropy under `alarm_entropy_min` after the warm-up: the policy turned
+  deterministic and stops exploring.
+- critic_lag: explained variance under `alarm_explained_variance_min` after the warm-up: the value model does not
+  predict returns, so GAE advantages are mostly noise.
+- length_explosion: responses running into `max_new_tokens` (mean length above `alarm_length_frac` of it, or most
+  of them without EOS).
+- reward_hacking: over the last `alarm_window` iterations the RM score rises while the gold score falls (where a
+  judge exists), or while the mean length grows by more than half: the policy is exploiting the reward model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from rlhf_lib.config import PPOConfig
+
+
+@dataclass(frozen=True)
+class Alarm:
+    name: str
+    iteration: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"iteration {self.iteration}: {self.message}"
+
+
+def _slope(values: list[float]) -> float:
+    """Least-squares slope of `values` against 0..n-1 (0 for fewer than 2 points)."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mx, my = (n - 1) / 2, sum(values) / n
+    return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum((i - mx) ** 2 for i in range(n))
+
+
+class AlarmMonitor:
+    """Feed it each iteration's metrics; it returns the alarms that fire on that iteration."""
+
+    def __init__(self, cfg: PPOConfig):
+        self.cfg = cfg
+        self.history: dict[str, deque[float]] = {
+            k: deque(maxlen=cfg.alarm_window) for k in ("objective/score", "objective/gold", "response/length_mean")
+        }
+
+    def check(self, iteration: int, stats: dict[str, float]) -> list[Alarm]:
+        c = self.cfg
+        for key, window in self.history.items():
+            if key in stats and math.isfinite(stats[key]):
+                window.append(stats[key])
+        alarms = []
+        bad = sorted(k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v))
+        if bad:
+            alarms.append(Alarm("nan", iteration, f"non-finite {', '.join(bad)}"))
+        kl = stats.get("objective/kl", 0.0)
+        if kl > c.alarm_kl_factor * c.target_kl:
+            alarms.append(Alarm("kl_blowup", iteration,
+                                f"KL {kl:.2f} > {c.alarm_kl_factor:g} x target {c.target_kl:g} nats"))
+        length, no_eos = stats.get("response/length_mean", 0.0), stats.get("response/no_eos_frac", 0.0)
+        if length > c.alarm_length_frac * c.max_new_tokens or no_eos > 0.5:
+            alarms.append(Alarm("length_explosion", iteration,
+                                f"mean length {length:.1f} of max {c.max_new_tokens}, {no_eos:.0%} without EOS"))
+        if iteration >= c.alarm_after:
+            entropy = stats.get("policy/entropy", math.inf)
+            if entropy < c.alarm_entropy_min:
+                alarms.append(Alarm("entropy_collapse", iteration, f"entropy {entropy:.3f} < {c.alarm_entropy_min:g}"))
+            ev = stats.get("value/explained_variance", math.inf)
+            if ev < c.alarm_explained_variance_min:
+                alarms.append(Alarm("critic_lag", iteration,
+                                    f"explained variance {ev:.2f} < {c.alarm_explained_variance_min:g}"))
+        alarms += self._reward_hacking(iteration)
+        return alarms
+
+    def _reward_hacking(self, iteration: int) -> list[Alarm]:
+        score, gold, length = (list(self.history[k]) for k in
+                               ("objective/score", "objective/gold", "response/length_mean"))
+        if len(score) < self.cfg.alarm_window or _slope(score) <= 0:
+            return []
+        if len(gold) == len(score) and _slope(gold) < 0:
+            return [Alarm("reward_hacking", iteration, f"RM score rising ({score[0]:.2f} -> {score[-1]:.2f}) while "
+                                                       f"gold falls ({gold[0]:.2f} -> {gold[-1]:.2f})")]
+        if length[0] > 0 and length[-1] > 1.5 * length[0]:
+            return [Alarm("reward_hacking", iteration, f"RM score rising while length grows "
+                                                       f"{length[0]:.1f} -> {length[-1]:.1f} tokens")]
+        return []

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import math
+
+from rlhf_lib.config import PPOConfig
+from rlhf_lib.ppo.alarms import AlarmMonitor, _slope
+
+CFG = PPOConfig(target_kl=3.0, alarm_kl_factor=4.0, max_new_tokens=32, alarm_window=3, alarm_after=2)
+HEALTHY = {"objective/kl": 3.0, "objective/score": 0.5, "policy/entropy": 1.0, "value/explained_variance": 0.5,
+           "response/length_mean": 12.0, "response/no_eos_frac": 0.0, "loss/policy": 0.1}
+
+
+def names(monitor, it, **changes):
+    return [a.name for a in monitor.check(it, {**HEALTHY, **changes})]
+
+
+def test_healthy_metrics_raise_nothing():
+    m = AlarmMonitor(CFG)
+    assert [names(m, it) for it in range(6)] == [[]] * 6
+
+
+def test_slope_hand_case():
+    # values 1, 2, 4 at x = 0, 1, 2: mean x 1, mean y 7/3; slope = ((-1)(-4/3) + 0 + (1)(5/3)) / 2 = 1.5
+    assert math.isclose(_slope([1.0, 2.0, 4.0]), 1.5)
+
+
+def test_nan_and_kl_blowup_and_length():
+    m = AlarmMonitor(CFG)
+    assert names(m, 0, **{"loss/policy": float("nan")}) == ["nan"]
+    assert names(m, 1, **{"objective/kl": 12.1}) == ["kl_blowup"]  # 12.1 > 4 x 3
+    assert names(m, 2, **{"objective/kl": 11.9}) == []
+    assert names(m, 3, **{"response/length_mean": 31.0}) == ["length_explosion"]  # 31 > 0.95 x 32
+    assert names(m, 4, **{"response/no_eos_frac": 0.6}) == ["length_explosion"]
+
+
+def test_entropy_and_critic_alarms_wait_for_the_warm_up():
+    m = AlarmMonitor(CFG)
+    low = {"policy/entropy": 0.01, "value/explained_variance": -0.2}
+    assert names(m, 1, **low) == []
+    assert names(m, 2, **low) == ["entropy_collapse", "critic_lag"]
+
+
+def test_reward_hacking_when_score_rises_and_gold_falls():
+    m = AlarmMonitor(CFG)
+    for it, (score, gold) in enumerate([(0.1, 0.5), (0.3, 0.4), (0.6, 0.2)]):
+        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+    assert fired == ["reward_hacking"]
+
+
+def test_reward_hacking_by_length_without_a_judge():
+    m = AlarmMonitor(CFG)
+    for it, (score, length) in enumerate([(0.1, 10.0), (0.3, 13.0), (0.6, 16.0)]):
+        fired = names(m, it, **{"objective/score": score, "response/length_mean": length})
+    assert fired == ["reward_hacking"]  # 16 > 1.5 x 10
+
+
+def test_rising_score_with_rising_gold_is_fine():
+    m = AlarmMonitor(CFG)
+    for it, (score, gold) in enumerate([(0.1, 0.1), (0.3, 0.2), (0.6, 0.4)]):
+        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+    assert fired == []
