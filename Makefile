@@ -7,7 +7,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test up down clean
+.PHONY: setup demo test up down bench clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/rlhf bench
 
 up: setup
 	$(BIN)/rlhf up

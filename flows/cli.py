@@ -73,34 +73,59 @@ def load_config(preset: str, config_file: str | None, sets: list[str]):
         raise SystemExit(f"rlhf: bad config:\n{e}") from None
 
 
+def start_prefect():
+    """Make sure a Prefect API is there for this process; returns the settings to run flows under.
+
+    Without `PREFECT_API_URL` (and no `rlhf up`), a throwaway server starts on the other core while this process
+    imports torch and Prefect; call `.wait()` on the returned server before the first flow.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    from flows.ephemeral import EphemeralPrefect
+
+    server = EphemeralPrefect()
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server
+
+
+def flow_settings(server):
+    """Heartbeats let a long-lived server mark crashed runs; the throwaway server dies with this process, so they
+    would only cost each sub-flow up to a second at exit."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    if server:
+        server.wait()  # it stops at exit, after Prefect's own exit hooks have flushed logs and events to it
+    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if server else {})
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.config, args.set or [])
     configure_env()
-    server = None
-    if not os.environ.get("PREFECT_API_URL"):
-        from flows.ephemeral import EphemeralPrefect
-
-        server = EphemeralPrefect()  # starts on the other core while this process imports torch and Prefect
-        os.environ["PREFECT_API_URL"] = server.api_url
+    server = start_prefect()
     import torch
 
     torch.set_num_threads(cfg.torch_threads)
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
     from flows.pipeline import rlhf
 
-    # Heartbeats let a long-lived server mark crashed runs; the throwaway server dies with this process, so they
-    # would only cost each sub-flow up to a second at exit.
-    updates = {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if server else {}
-    if server:
-        server.wait()  # it stops at exit, after Prefect's own exit hooks have flushed logs and events to it
-    with temporary_settings(updates=updates):
+    with flow_settings(server):
         summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
                        reward_model=args.reward_model)
     if args.json:
         print(json.dumps(summary), flush=True)
     else:
         _print_summary(summary)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    configure_env(use_services=False)
+    server = start_prefect()
+    from flows.bench import run_benchmarks
+
+    with flow_settings(server):
+        results = run_benchmarks(args.which, iterations=args.iterations)
+    if args.json:
+        print(json.dumps(results), flush=True)
     return 0
 
 
@@ -186,6 +211,12 @@ def parser() -> argparse.ArgumentParser:
                    "e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion or runs:/<run id>/model")
     r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line")
     r.set_defaults(fn=cmd_run)
+    b = sub.add_parser("bench", help="print the pipeline's overhead figures (no timed tests: numbers to read)")
+    b.add_argument("which", nargs="?", choices=("all", "overhead", "cached"), default="all",
+                   help="overhead: Prefect tasks vs the bare PPO loop; cached: a fully cached `rlhf run full`")
+    b.add_argument("--iterations", type=int, default=10, help="PPO iterations measured per side (overhead)")
+    b.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
+    b.set_defaults(fn=cmd_bench)
     s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")
     s.add_argument("--preset", default="demo", help="the config the deployments default to")
     s.set_defaults(fn=cmd_serve)

@@ -118,7 +118,9 @@ def _prefect_home(state: Path) -> str:
 
 def _services(state: Path, ep: _Endpoints) -> dict[str, _Service]:
     state = Path(state).resolve()
-    prefect_env = {"PREFECT_HOME": _prefect_home(state), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # PREFECT_UI_API_URL: `prefect server start --port N` alone tells its UI the API is on the default port 4200.
+    prefect_env = {"PREFECT_HOME": _prefect_home(state), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "PREFECT_UI_API_URL": ep.prefect_api}
     return {
         "prefect": _Service(
             name="prefect",

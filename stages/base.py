@@ -7,12 +7,10 @@ that `lookup` requires. A stage that raises ends FAILED, without the tag, and is
 
 from __future__ import annotations
 
-import fcntl
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from stages.cache import StageResult, cache_key, lookup
-from stages.tracking import MODEL_NAMES, StageRun, download, register, state_dir, write_manifest
+from stages.tracking import MODEL_NAMES, StageRun, download, file_lock, register, write_manifest
 
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
 
@@ -117,17 +115,9 @@ def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: 
     return model_uri
 
 
-@contextmanager
 def key_lock(stage: str, key: str):
-    """An exclusive lock per (stage, cache key) in the state dir: processes on this machine take turns."""
-    locks = state_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"{stage}-{key}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """An exclusive lock per (stage, cache key): processes on this machine sharing the state dir take turns."""
+    return file_lock(f"{stage}-{key}")
 
 
 def as_state(result: StageResult, value: Any = None) -> Any:

@@ -6,12 +6,14 @@ depend on which thread Prefect runs a task in.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +30,13 @@ def state_dir() -> Path:
     return Path(os.environ.get("RLHF_HOME") or Path.cwd() / ".rlhf").resolve()
 
 
+# The user's own setting, read once: `mlflow.set_tracking_uri` exports MLFLOW_TRACKING_URI itself, so reading the
+# variable later would pin every later pipeline run in this process to the first run's store.
+_USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{state_dir() / 'mlflow.db'}"
+    return _USER_TRACKING_URI or f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
@@ -52,9 +59,15 @@ def setup_mlflow() -> str:
     """Point MLflow at the tracking store and make sure the `rlhf` experiment exists; returns its id."""
     uri = tracking_uri()
     check_reachable(uri)
-    if uri.startswith("sqlite:///"):
-        state_dir().mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
+    if uri.startswith("sqlite:///"):
+        # Two processes creating a fresh SQLite store at once race in its schema migrations: take turns.
+        with file_lock("mlflow-store"):
+            return _ensure_experiment(uri)
+    return _ensure_experiment(uri)
+
+
+def _ensure_experiment(uri: str) -> str:
     client = MlflowClient()
     exp = client.get_experiment_by_name(EXPERIMENT)
     if exp is not None:
@@ -67,6 +80,19 @@ def setup_mlflow() -> str:
                                         tags={"mlflow.experimentKind": "custom_model_development"})
     except mlflow.exceptions.MlflowException:  # created concurrently by another run
         return client.get_experiment_by_name(EXPERIMENT).experiment_id
+
+
+@contextmanager
+def file_lock(name: str):
+    """An exclusive lock file under `<state>/locks/`: processes on this machine sharing the state dir take turns."""
+    locks = state_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def dir_digest(path: Path) -> str:

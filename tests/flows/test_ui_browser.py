@@ -77,8 +77,6 @@ def stack(tmp_path_factory):
             with pytest.MonkeyPatch.context() as server_env:  # seen only by the servers `up` spawns
                 server_env.setenv("PREFECT_UI_ENABLED", "true")  # conftest turns the UI off
                 server_env.delenv("PREFECT_HOME", raising=False)  # the server's database under the state dir
-                # `prefect server start --port N` alone tells its UI the API is at :4200 (the default port).
-                server_env.setenv("PREFECT_UI_API_URL", f"http://127.0.0.1:{prefect_port}/api")
                 urls = services.up(state, with_serve=False, timeout_s=120)
             with temporary_settings(updates={PREFECT_API_URL: urls["prefect_api"]}):
                 summary = rlhf(config=load_config("micro", None, []), pipeline="full")
