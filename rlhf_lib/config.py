@@ -105,6 +105,8 @@ class PPOConfig(_Section):
                                      "fraction of max_new_tokens (or over half the responses without EOS).")
     alarm_window: int = Field(5, ge=2, description="Iterations over which reward hacking (RM up, gold or length "
                               "diverging) is judged.")
+    alarm_min_change: float = Field(0.05, ge=0, description="Reward hacking: the least trend (change over the "
+                                    "window) in RM and gold score that counts as rising or falling.")
     alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
     stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
                                 "last completed iteration is registered.")

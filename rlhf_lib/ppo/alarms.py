@@ -14,6 +14,7 @@ report lists it, and `ppo.stop_on_alarm` ends the loop.
   of them without EOS).
 - reward_hacking: over the last `alarm_window` iterations the RM score rises while the gold score falls (where a
   judge exists), or while the mean length grows by more than half: the policy is exploiting the reward model.
+  Rise and fall are least-squares trends over the window of at least `alarm_min_change`, not noise.
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ class AlarmMonitor:
     def _reward_hacking(self, iteration: int) -> list[Alarm]:
         score, gold, length = (list(self.history[k]) for k in
                                ("objective/score", "objective/gold", "response/length_mean"))
-        if len(score) < self.cfg.alarm_window or _slope(score) <= 0:
+        # Trends, not single-iteration noise: the least-squares change over the window must exceed a minimum.
+        span = self.cfg.alarm_window - 1
+        if len(score) < self.cfg.alarm_window or _slope(score) * span < self.cfg.alarm_min_change:
             return []
-        if len(gold) == len(score) and _slope(gold) < 0:
+        if len(gold) == len(score) and _slope(gold) * span <= -self.cfg.alarm_min_change:
             return [Alarm("reward_hacking", iteration, f"RM score rising ({score[0]:.2f} -> {score[-1]:.2f}) while "
                                                        f"gold falls ({gold[0]:.2f} -> {gold[-1]:.2f})")]
         if length[0] > 0 and length[-1] > 1.5 * length[0]:

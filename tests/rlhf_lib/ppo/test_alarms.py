@@ -59,3 +59,11 @@ def test_rising_score_with_rising_gold_is_fine():
     for it, (score, gold) in enumerate([(0.1, 0.1), (0.3, 0.2), (0.6, 0.4)]):
         fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
     assert fired == []
+
+
+def test_a_flat_score_with_noise_is_not_reward_hacking():
+    # score trend over the window: slope 0.005/iter x 2 = 0.01 < alarm_min_change 0.05
+    m = AlarmMonitor(CFG)
+    for it, (score, gold) in enumerate([(0.74, 0.39), (0.745, 0.35), (0.75, 0.32)]):
+        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+    assert fired == []
