@@ -50,6 +50,7 @@ def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(present):]:
         ax.axis("off")
+    fig.tight_layout()
     out = _png(fig)
     plt.close(fig)
     return out
@@ -64,11 +65,14 @@ def overoptimisation_png(history: dict[str, list[tuple[int, float]]]) -> str | N
     if not kl:
         return None
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for key, label in (("objective/score", "proxy: RM score"), ("objective/gold", "gold: judge")):
-        pts = sorted((kl[s], v) for s, v in history.get(key, []) if s in kl)
+    # KL is not monotone over the iterations, so points (not a line) and the iteration as the shade.
+    series = (("objective/score", "proxy: RM score", "Blues"), ("objective/gold", "gold: judge", "Oranges"))
+    for key, label, cmap in series:
+        pts = [(kl[s], v, s) for s, v in history.get(key, []) if s in kl]
         if pts:
-            ax.plot(*zip(*pts), marker=".", label=label)
-    ax.set_xlabel("KL to reference (nats/response)")
+            x, y, it = zip(*pts)
+            ax.scatter(x, y, c=it, cmap=cmap, vmin=-0.3 * max(it), s=14, label=label)
+    ax.set_xlabel("KL to reference (nats/response); darker = later iteration")
     ax.set_ylabel("mean reward of the rollout")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -90,6 +94,7 @@ def lengths_png(lengths: dict[str, list[float]]) -> str | None:
     ax.set_xlabel("response length (tokens, EOS included)")
     ax.set_ylabel("responses")
     ax.legend()
+    fig.tight_layout()
     out = _png(fig)
     plt.close(fig)
     return out
@@ -135,7 +140,7 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         "<p>none raised</p>"
     style = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;"
              "margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top;"
-             "white-space:pre-wrap}th{background:#f3f3f3}")
+             "white-space:pre-wrap}th{background:#f3f3f3}img{max-width:100%}")
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
         f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
