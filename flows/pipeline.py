@@ -113,7 +113,13 @@ def _markdown(summary: dict) -> None:
              "| stage | status | MLflow run | model |", "| --- | --- | --- | --- |"]
     for stage, s in summary["stages"].items():
         lines.append(f"| {stage} | {s['status']} | `{s['mlflow_run_id']}` | {s.get('model_uri', '')} |")
+    if "eval" in summary["stages"]:
+        report = f"{summary['stages']['eval']['mlflow_run_id']}/artifacts/report/report.html"
+        lines += ["", f"Eval report: `report/report.html` of MLflow run `{summary['stages']['eval']['mlflow_run_id']}` "
+                  f"(MLflow UI: experiment `rlhf` → that run → Artifacts; on the local store: "
+                  f"`mlartifacts/{report}`)"]
     if summary.get("eval"):
         lines += ["", "| eval metric | value |", "| --- | --- |"]
         lines += [f"| {k} | {v if v is None else round(v, 4)} |" for k, v in summary["eval"].items()]
-    create_markdown_artifact("\n".join(lines), key="rlhf-summary", description="Where this pipeline run's artifacts are")
+    create_markdown_artifact("\n".join(lines), key="rlhf-summary",
+                             description="Where this pipeline run's artifacts are")

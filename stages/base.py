@@ -7,6 +7,8 @@ that `lookup` requires. A stage that raises ends FAILED, without the tag, and is
 
 from __future__ import annotations
 
+import hashlib
+import json
 import tempfile
 import time
 import warnings
@@ -74,7 +76,8 @@ def run_cached(
 def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstream: dict[str, StageResult],
          data_fingerprint: str, build: BuildFn) -> StageResult:
     lineage = {f"rlhf.upstream.{k}": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
-    lineage.update({"rlhf.data_fingerprint": data_fingerprint, "rlhf.cache_key": key})
+    config_hash = hashlib.sha256(json.dumps(section, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    lineage.update({"rlhf.data_fingerprint": data_fingerprint, "rlhf.config_hash": config_hash, "rlhf.cache_key": key})
     run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, f"{stage}-{key[:8]}", lineage_tags(lineage))
     get_run_logger().info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
     try:
@@ -108,7 +111,9 @@ def lookup_task(experiment_id: str, stage: str, key: str) -> tuple[StageResult, 
 def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
     """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit."""
     run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
-    model_uri = register(run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest}) if run.stage in MODEL_NAMES else None
+    model_uri = None
+    if run.stage in MODEL_NAMES:
+        model_uri = register(run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
     run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
                   "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
     run.finish("FINISHED")
@@ -148,4 +153,5 @@ def log_dataset(run: StageRun, rows: list[dict], source: str, name: str, context
     with warnings.catch_warnings():  # a file:// source matches two equivalent source classes; either is right
         warnings.simplefilter("ignore", UserWarning)
         ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
-    run.client.log_inputs(run.run_id, [DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)])])
+    tags = [InputTag("mlflow.data.context", context)]
+    run.client.log_inputs(run.run_id, [DatasetInput(ds._to_mlflow_entity(), tags)])

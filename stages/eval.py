@@ -17,7 +17,7 @@ from rlhf_lib.reward import pairwise_accuracy
 from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
-from stages.models_io import load_causal_lm, load_scalar
+from stages.models_io import fit_length, load_causal_lm, load_scalar
 from stages.report import CURVES, render_html
 from stages.tracking import StageRun, download, model_version
 
@@ -50,9 +50,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
         metrics = dict(result.metrics)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         # Accuracy on noise-free pairs measures the RM against the judge; without one it is undefined.
-        metrics["reward_model_accuracy"] = (
-            pairwise_accuracy(reward, tokenizer, pairs, min(cfg.reward.max_length, reward.config.max_position_embeddings)) if judge else None
-        )
+        max_length = fit_length(cfg.reward.max_length, reward)
+        metrics["reward_model_accuracy"] = pairwise_accuracy(reward, tokenizer, pairs, max_length) if judge else None
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
         summary = {
             "name": cfg.name,

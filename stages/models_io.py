@@ -16,6 +16,11 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_d
     tokenizer.save_pretrained(out_dir)
 
 
+def fit_length(max_length: int, model: PreTrainedModel) -> int:
+    """A configured sequence length, capped at what the model's position embeddings cover."""
+    return min(max_length, model.config.max_position_embeddings)
+
+
 def load_causal_lm(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     tokenizer = load_tokenizer(path)
     return build_policy(tokenizer, str(path)), tokenizer
@@ -23,3 +28,11 @@ def load_causal_lm(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
 
 def load_scalar(path: Path) -> PreTrainedModel:
     return build_scalar_model(path)
+
+
+def load_policy(uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A registered policy (or SFT model) and its tokenizer from `models:/rlhf-policy/3`,
+    `models:/rlhf-policy@champion` or any MLflow artifact URI, in one call."""
+    from stages.tracking import download
+
+    return load_causal_lm(download(uri))

@@ -14,7 +14,7 @@ from rlhf_lib.reward import pairwise_accuracy, train_reward_model
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
-from stages.models_io import load_causal_lm, save_model
+from stages.models_io import fit_length, load_causal_lm, save_model
 from stages.tracking import StageRun, download
 
 
@@ -31,7 +31,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
                     f"{data.artifact_uri}/{FILE_NAMES['preferences']}", "demo-preferences", "training",
                     file_digest(data_dir, "preferences"))
-        rcfg = cfg.reward.model_copy(update={"max_length": min(cfg.reward.max_length, model.config.max_position_embeddings)})
+        rcfg = cfg.reward.model_copy(update={"max_length": fit_length(cfg.reward.max_length, model)})
         final = train_reward_model(model, tokenizer, examples, rcfg, log=lambda step, mets: run.log_metrics(mets, step))
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         final["reward/heldout_accuracy"] = pairwise_accuracy(model, tokenizer, pairs, rcfg.max_length)

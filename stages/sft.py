@@ -15,7 +15,7 @@ from rlhf_lib.sft import train_sft
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
-from stages.models_io import save_model
+from stages.models_io import fit_length, save_model
 from stages.tracking import StageRun, download
 
 
@@ -43,7 +43,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         log_dataset(run, [e.__dict__ for e in examples], f"{data.artifact_uri}/{FILE_NAMES['sft']}",
                     "demo-sft", "training", file_digest(data_dir, "sft"))
         run.log_params({"model.parameters": count_parameters(model), "model.vocab": len(tokenizer)})
-        sft_cfg = cfg.sft.model_copy(update={"max_length": min(cfg.sft.max_length, model.config.max_position_embeddings)})
+        sft_cfg = cfg.sft.model_copy(update={"max_length": fit_length(cfg.sft.max_length, model)})
         final = train_sft(model, tokenizer, examples, sft_cfg, log=lambda step, mets: run.log_metrics(mets, step))
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)

@@ -67,6 +67,7 @@ def test_mlflow_holds_nested_runs_models_lineage_and_report(first):
     mv = client.get_model_version(name, version)
     assert mv.tags["rlhf.upstream.sft"] == first["stages"]["sft"]["model_uri"]
     assert mv.tags["rlhf.upstream.reward"] == first["stages"]["reward"]["model_uri"]
+    assert mv.tags["rlhf.config_hash"] and mv.tags["rlhf.data_fingerprint"] and mv.tags["rlhf.cache_key"]
     ppo_run = client.get_run(first["stages"]["ppo"]["mlflow_run_id"])
     assert {"objective/kl", "objective/score", "policy/entropy", "loss/value"} <= set(ppo_run.data.metrics)
     assert len(client.get_metric_history(ppo_run.info.run_id, "objective/kl")) == 2  # one per iteration
@@ -78,10 +79,9 @@ def test_mlflow_holds_nested_runs_models_lineage_and_report(first):
 
 
 def test_a_model_loads_back_through_its_registry_uri(first):
-    from stages.models_io import load_causal_lm
-    from stages.tracking import download
+    from stages.models_io import load_policy
 
-    model, tokenizer = load_causal_lm(download(first["stages"]["ppo"]["model_uri"]))
+    model, tokenizer = load_policy(first["stages"]["ppo"]["model_uri"])
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     assert model.config.n_embd == 32
 
