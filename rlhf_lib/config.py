@@ -92,6 +92,8 @@ class PPOConfig(_Section):
     kl_horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller, in samples.")
     whiten_advantages: bool = Field(True, description="Whiten advantages over the rollout (masked).")
     max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    max_refused_iterations: int = Field(3, ge=1, description="Fail the stage after this many iterations in a row "
+                                        "whose every update step was refused for a non-finite loss or gradient.")
     sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
     checkpoint_every: int = Field(10, ge=1, description="Log a checkpoint (weights, optimizer, RNG, KL state) every "
                                   "N iterations, and after the last one.")

@@ -10,8 +10,10 @@ Prefect sub-flow runs them as tasks and the benchmark runs them bare, through th
 
 from __future__ import annotations
 
+import math
 import random
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -86,6 +88,7 @@ class PPOTrainer:
             else FixedKLController(cfg.kl_coef)
         )
         self.iteration = 0
+        self.refused_streak = 0
         self.timings: dict[str, float] = {}
 
     # 1. generate ---------------------------------------------------------------------------------------------
@@ -149,12 +152,15 @@ class PPOTrainer:
         s = ppo_epochs(self.m.policy, self.m.value, self.optimizer, ro, self.cfg, self.generator)
         self.timings["update_s"] = time.perf_counter() - t0
         self.iteration += 1
+        self._guard(s["refused_steps"])
+        s = defaultdict(lambda: math.nan, s)  # every step refused: the loss stats are NaN, and the alarm says so
         lengths = ro.response_mask.sum(1).float()
         stats = {
             "loss/policy": s["policy_loss"], "loss/value": s["value_loss"], "loss/total": s["loss"],
             "policy/entropy": s["entropy"], "policy/clipfrac": s["clipfrac"], "policy/approx_kl": s["approx_kl"],
             "policy/ratio_mean": s["ratio_mean"], "value/clipfrac": s["value_clipfrac"],
             "grad_norm": s["grad_norm"], "lr": self.optimizer.param_groups[0]["lr"],
+            "update/refused_steps": s["refused_steps"],
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/no_eos_frac": float(
                 (~ends_with_eos(ro.response, ro.response_mask, self.m.tokenizer.eos_token_id)).float().mean()
@@ -165,6 +171,17 @@ class PPOTrainer:
         stats["time/iteration_s"] = total
         stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
         return stats
+
+    def _guard(self, refused_steps: float) -> None:
+        """Count iterations whose every update step was refused as non-finite; fail after too many in a row, so a
+        broken run stops cleanly (its last good checkpoint stays logged) instead of spinning."""
+        all_refused = refused_steps >= self.cfg.epochs * self.cfg.minibatches
+        self.refused_streak = self.refused_streak + 1 if all_refused else 0
+        if self.refused_streak >= self.cfg.max_refused_iterations:
+            raise FloatingPointError(
+                f"PPO iteration {self.iteration}: {self.refused_streak} iterations in a row had only non-finite "
+                "losses or gradients (NaN/inf); stopping. The weights were never updated with them."
+            )
 
     def step(self) -> tuple[Rollout, dict[str, float]]:
         """One whole iteration, bare (the benchmark and tests); the Prefect sub-flow calls the phases itself."""

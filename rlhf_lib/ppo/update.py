@@ -40,7 +40,8 @@ def ppo_epochs(
     cfg: PPOConfig,
     generator: torch.Generator,
 ) -> dict[str, float]:
-    """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat.
+    """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat
+    over the steps taken, and `refused_steps`: minibatches whose loss or gradient was not finite (skipped).
 
     Loss per minibatch (PPO eq. 9, signs as minimised):
         L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy)
@@ -71,6 +72,11 @@ def ppo_epochs(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            # NaN/inf guard: a non-finite loss or gradient never reaches the weights or Adam's moments.
+            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+                optimizer.zero_grad(set_to_none=True)
+                sums["refused_steps"] += 1.0
+                continue
             optimizer.step()
 
             for k, v in {**pg_stats, **vf_stats}.items():
@@ -81,4 +87,7 @@ def ppo_epochs(
             n += 1
     policy.eval()
     value_model.eval()
-    return {k: v / n for k, v in sums.items()}
+    refused = sums.pop("refused_steps", 0.0)
+    out = {k: v / n for k, v in sums.items()} if n else {}
+    out["refused_steps"] = refused
+    return out

@@ -81,3 +81,31 @@ def test_prompt_sampler_covers_every_prompt_each_pass():
     s = PromptSampler(["a", "b", "c"], seed=0)
     first, second = s.next(3), s.next(3)
     assert sorted(first) == sorted(second) == ["a", "b", "c"]
+
+
+def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_tokenizer, tiny_policy):
+    import pytest
+
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}))
+    before = copy.deepcopy(trainer.m.policy.state_dict())
+    real_score = trainer.score
+
+    def nan_score(ro):
+        real_score(ro)
+        ro.scores = ro.scores * float("nan")  # a broken reward model
+
+    trainer.score = nan_score
+    _, stats = trainer.step()
+    assert stats["update/refused_steps"] == CFG.epochs * CFG.minibatches
+    assert math.isnan(stats["loss/policy"])
+    assert all(torch.equal(v, trainer.m.policy.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(FloatingPointError, match="2 iterations in a row"):
+        trainer.step()
+
+
+def test_one_good_iteration_resets_the_refusal_count(tiny_tokenizer, tiny_policy):
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}))
+    trainer._guard(CFG.epochs * CFG.minibatches)
+    trainer._guard(0)
+    trainer._guard(CFG.epochs * CFG.minibatches)  # 1 in a row again: no error
+    assert trainer.refused_streak == 1
