@@ -88,7 +88,10 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             build(run, out_dir)
             digest = write_manifest(out_dir)
             model_uri = publish_task(run, out_dir, lineage, digest)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt):
+            run.set_tags({"rlhf.interrupted": "true"})  # resumable, unlike a failure (see stages/resume.py)
+        unregister(run)
         run.finish("FAILED")
         raise
     mlflow.MlflowClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
@@ -118,6 +121,18 @@ def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: 
                   "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
     run.finish("FINISHED")
     return model_uri
+
+
+def unregister(run: StageRun) -> None:
+    """Delete any model version this failed run registered before failing: nothing half-done stays in the registry."""
+    if run.stage not in MODEL_NAMES:
+        return
+    name = MODEL_NAMES[run.stage]
+    try:
+        for mv in run.client.search_model_versions(f"name = '{name}' and run_id = '{run.run_id}'"):
+            run.client.delete_model_version(name, mv.version)
+    except mlflow.exceptions.MlflowException:
+        pass  # the registry is unreachable too; the run's FAILED status already keeps it out of the cache
 
 
 def key_lock(stage: str, key: str):

@@ -26,6 +26,7 @@ from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
 from stages.models_io import load_causal_lm, load_scalar, save_model
+from stages.resume import resume
 from stages.tracking import StageRun, download
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -72,6 +73,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
         trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt)
+        start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
+        if start:
+            get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
         judge = gold_score if has_judge(data_dir) else None
         ppo_loop(trainer, run, cfg.ppo.iterations, judge)
         save_model(models.policy, models.tokenizer, out_dir)
@@ -90,7 +94,7 @@ def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) ->
     metrics of each iteration logged to MLflow. The gold judge (demo task only) scores logged samples, never
     the policy's reward. Alarms go to the Prefect log as warnings and to the run as `rlhf.alarm.<name>` tags."""
     monitor, raised = AlarmMonitor(trainer.cfg), set()
-    for it in range(iterations):
+    for it in range(trainer.iteration, iterations):  # a resumed trainer continues where its checkpoint left off
         ro = rollout_task(trainer)
         ro = score_task(trainer, ro)
         stats = gae_task(trainer, ro)

@@ -1,0 +1,80 @@
+"""Exact resume of an interrupted PPO stage.
+
+A PPO run that was killed (SIGKILL, OOM, a lost machine) stays RUNNING in MLflow with its checkpoints logged. The
+next PPO stage with the same cache key finds it, loads its newest checkpoint into the freshly built trainer
+(weights, optimizer, RNG states, prompt sampler, KL controller, iteration), copies the metric history up to that
+iteration into the new run, and marks the old run FAILED with a pointer to its successor. Continuing from there
+gives, on CPU with the same seed, exactly the metrics of an uninterrupted run.
+
+The per-key lock of `run_cached` guarantees no live process is still working on a run found here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+
+from rlhf_lib.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_lib.ppo.trainer import PPOTrainer
+from stages.tracking import StageRun, download
+
+
+def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
+    """The newest earlier PPO run with this cache key that was interrupted: killed (left RUNNING) or stopped by
+    Ctrl-C (tagged `rlhf.interrupted`). A run that failed on an error is not resumed: it would fail again."""
+    runs = mlflow.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`rlhf.stage` = 'ppo' and tags.`rlhf.cache_key_pending` = '{key}' "
+        "and attributes.status != 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
+        output_format="list",
+        max_results=5,
+    )
+    interrupted = [r for r in runs if r.info.status == "RUNNING" or r.data.tags.get("rlhf.interrupted") == "true"]
+    return next((r.info.run_id for r in interrupted if r.info.run_id != exclude), None)
+
+
+def resume(trainer: PPOTrainer, run: StageRun, experiment_id: str, key: str) -> int:
+    """Load the newest checkpoint of an interrupted run with `key` into `trainer`; returns the iteration to start
+    from (0 when there is nothing to resume)."""
+    old = unfinished_run(experiment_id, key, exclude=run.run_id)
+    if old is None:
+        return 0
+    client = MlflowClient()
+    if not [f for f in client.list_artifacts(old, "checkpoints")]:
+        _retire(client, old, run.run_id, "no checkpoint to resume from")
+        return 0
+    ckpt = latest_checkpoint(download(f"runs:/{old}/checkpoints"))
+    if ckpt is None:
+        _retire(client, old, run.run_id, "no complete checkpoint to resume from")
+        return 0
+    load_checkpoint(trainer, ckpt)
+    _copy_history(client, old, run.run_id, before=trainer.iteration)
+    run.set_tags({"rlhf.resumed_from": f"{old}/checkpoints/{ckpt.name}"})
+    _retire(client, old, run.run_id, f"resumed from {ckpt.name}")
+    return trainer.iteration
+
+
+def _retire(client: MlflowClient, old: str, new: str, why: str) -> None:
+    """Mark the interrupted run (and its pipeline's parent run, if still RUNNING) FAILED, never RUNNING forever."""
+    client.set_tag(old, "rlhf.resumed_by", f"{new} ({why})")
+    parent = client.get_run(old).data.tags.get("mlflow.parentRunId")
+    for run_id in (old, parent):
+        if run_id and client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "FAILED")
+
+
+def _copy_history(client: MlflowClient, old: str, new: str, before: int) -> None:
+    """The old run's per-iteration metrics for steps < `before`, so the new run shows the whole curve."""
+    ts = int(time.time() * 1000)
+    batch = [
+        Metric(key, m.value, ts, m.step)
+        for key in client.get_run(old).data.metrics
+        for m in client.get_metric_history(old, key)
+        if m.step < before
+    ]
+    for i in range(0, len(batch), 900):
+        client.log_batch(new, metrics=batch[i : i + 900])
