@@ -26,7 +26,7 @@ from rlhf_lib.data import read_prompts
 from rlhf_lib.demo_task import build_demo_task
 from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
-from stages.ppo import gae_task, rollout_task, score_task, update_task
+from stages.ppo import iteration_tasks
 
 
 def _trainer(prompts: list[str], tokenizer, cfg: PPOConfig) -> PPOTrainer:
@@ -48,9 +48,7 @@ def _interleaved(bare: PPOTrainer, tasks: PPOTrainer, iterations: int) -> dict[s
 
     def run_tasks() -> float:
         t0 = time.perf_counter()
-        ro = score_task(tasks, rollout_task(tasks))
-        stats = gae_task(tasks, ro)
-        stats.update(update_task(tasks, ro))
+        iteration_tasks(tasks)
         return time.perf_counter() - t0
 
     # A closure, not flow parameters: trainers are never JSON-encoded for Prefect. The order alternates (A B, B A)

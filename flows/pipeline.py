@@ -75,7 +75,7 @@ def rlhf(
     })
     parent_id = parent.info.run_id
     client.log_dict(parent_id, config.model_dump(), "config.json")
-    ctx = RunContext(experiment_id=experiment_id, parent_run_id=parent_id, force=force, pipeline=pipeline)
+    ctx = RunContext(experiment_id=experiment_id, parent_run_id=parent_id, force=force)
     last = STAGES.index(LAST_STAGE[pipeline])
     results: dict[str, StageResult] = {}
     eval_metrics: dict | None = None

@@ -141,6 +141,16 @@ class PipelineConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads, set once per process.")
 
+    @model_validator(mode="after")
+    def _room_for_prompts(self) -> "PipelineConfig":
+        # Prompt + response must fit the position embeddings; leave at least 8 tokens of prompt.
+        for section in ("ppo", "eval"):
+            new = getattr(self, section).max_new_tokens
+            if new > self.model.n_positions - 8:
+                raise ValueError(f"{section}.max_new_tokens ({new}) leaves no room for the prompt in "
+                                 f"model.n_positions ({self.model.n_positions}); keep it <= n_positions - 8")
+        return self
+
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `tree["a"]["b"] = value` for `dotted == "a.b"`, creating sub-dicts as needed."""

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.config import EvalConfig
+from rlhf_lib.ppo.kl import kl_per_token
+from rlhf_lib.ppo.masked import masked_sum
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
 
@@ -56,7 +58,7 @@ def generate_and_score(
         scores.append(sequence_scores(reward, *concat(q, qm, r, rm)))
         lengths.append(rm.sum(1).float())
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id))
-        kls.append(((logp - ref_logp) * rm).sum(1))
+        kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1))
     gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
     return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold)
 

@@ -62,19 +62,3 @@ def train_sft(
     model.eval()
     return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}
 
-
-@torch.no_grad()
-def response_nll(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[SFTExample], max_length: int,
-    batch_size: int = 64,
-) -> float:
-    """Mean per-token negative log-likelihood of the responses (a held-out fit check)."""
-    total, count = 0.0, 0
-    for i in range(0, len(examples), batch_size):
-        chunk = examples[i : i + batch_size]
-        b = sft_batch(tokenizer, [e.prompt for e in chunk], [e.response for e in chunk], max_length)
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-        loss, stats = response_lm_loss(logits, b["labels"])
-        total += float(loss) * stats["tokens"]
-        count += int(stats["tokens"])
-    return total / max(count, 1)

@@ -36,7 +36,6 @@ class RunContext(BaseModel):
     experiment_id: str
     parent_run_id: str
     force: list[str] = []
-    pipeline: str = "full"
 
 
 # A build function fills `out_dir` with the stage's artifacts, logging metrics to `run` as it goes.

@@ -9,25 +9,32 @@ artifact is a miss, never a stale hit.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 import mlflow
 from pydantic import BaseModel
 
-from stages.tracking import dir_digest, download, verify_manifest
+from stages.tracking import dir_digest, download, manifest_digest, verify_manifest
 
-# The modules whose source each stage's result depends on (besides the stage module itself).
+# The modules whose source each stage's output depends on (a package means all its modules). Over-listing only
+# costs a rerun; under-listing would reuse a stale artifact, so when in doubt a module is listed.
+_TRAIN = ["rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "stages.models_io"]
 STAGE_CODE: dict[str, list[str]] = {
     "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "stages.data"],
-    "sft": ["rlhf_lib.sft", "rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "stages.sft"],
-    "reward": ["rlhf_lib.reward", "rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "rlhf_lib.ppo.scoring",
+    "sft": ["rlhf_lib.sft", *_TRAIN, "stages.sft"],
+    "reward": ["rlhf_lib.reward", *_TRAIN, "rlhf_lib.ppo.scoring", "rlhf_lib.ppo.losses", "rlhf_lib.ppo.masked",
                "stages.reward"],
-    "ppo": ["rlhf_lib.ppo", "rlhf_lib.models", "stages.ppo"],
-    "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.demo_task", "stages.eval", "stages.report"],
+    "ppo": ["rlhf_lib.ppo", *_TRAIN, "stages.ppo", "stages.resume"],
+    "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.reward", "rlhf_lib.demo_task", *_TRAIN, "stages.eval",
+             "stages.report"],
 }
+# Numerics also depend on these libraries' versions.
+_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors")
 
 
 class StageResult(BaseModel):
@@ -63,13 +70,17 @@ def _module_files(module: str) -> list[Path]:
     return [origin]
 
 
+@cache
 def code_version(stage: str) -> str:
-    """sha256 of the source files the stage runs."""
+    """sha256 of the source files the stage runs (paths relative to the project) and of the library versions."""
     h = hashlib.sha256()
-    files = sorted({f for m in STAGE_CODE[stage] for f in _module_files(m)})
+    root = Path(__file__).resolve().parent.parent
+    files = sorted({f.resolve() for m in STAGE_CODE[stage] for f in _module_files(m)})
     for f in files:
-        h.update(f.name.encode())
+        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
         h.update(f.read_bytes())
+    for lib in _LIBRARIES:
+        h.update(f"{lib}=={importlib.metadata.version(lib)}".encode())
     return h.hexdigest()[:16]
 
 
@@ -117,7 +128,7 @@ def given_model(stage: str, uri: str) -> StageResult:
     manifest = local / "manifest.json"
     if manifest.is_file():
         files = json.loads(manifest.read_text())
-        digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+        digest = manifest_digest(files)
         if not verify_manifest(local, digest):
             raise ValueError(f"{uri}: files do not match its manifest.json (corrupted or partly deleted)")
     else:

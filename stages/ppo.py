@@ -26,7 +26,7 @@ from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
 from stages.models_io import load_causal_lm, load_scalar, save_model
-from stages.resume import resume
+from stages.resume import COMPLETE_MARKER, resume
 from stages.tracking import StageRun, download
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -55,6 +55,14 @@ def gae_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
 def update_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
     """5. update: epochs x minibatches of clipped PPO steps."""
     return trainer.update(ro)
+
+
+def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
+    """One PPO iteration as the sub-flow's four tasks: rollout -> score -> gae -> update."""
+    ro = score_task(trainer, rollout_task(trainer))
+    stats = gae_task(trainer, ro)
+    stats.update(update_task(trainer, ro))
+    return ro, stats
 
 
 def load_models(sft_dir: Path, reward_dir: Path) -> PPOModels:
@@ -87,6 +95,8 @@ def log_checkpoint(trainer: PPOTrainer, run: StageRun) -> None:
     with tempfile.TemporaryDirectory(prefix="rlhf-ckpt-") as tmp:
         path = save_checkpoint(trainer, checkpoint_dir(Path(tmp), trainer.iteration))
         run.log_dir(path, f"checkpoints/{path.name}")
+        # Logged last: a process killed while the files were being copied leaves no marker, and resume skips it.
+        run.log_text(path.name, f"checkpoints/{path.name}/{COMPLETE_MARKER}")
 
 
 def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) -> None:
@@ -95,18 +105,16 @@ def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) ->
     the policy's reward. Alarms go to the Prefect log as warnings and to the run as `rlhf.alarm.<name>` tags."""
     monitor, raised = AlarmMonitor(trainer.cfg), set()
     for it in range(trainer.iteration, iterations):  # a resumed trainer continues where its checkpoint left off
-        ro = rollout_task(trainer)
-        ro = score_task(trainer, ro)
-        stats = gae_task(trainer, ro)
-        stats.update(update_task(trainer, ro))
+        ro, stats = iteration_tasks(trainer)
         if judge is not None:  # monitoring only: the gold judge never enters the reward
             texts = decode_responses(trainer.m.tokenizer, ro.response, ro.response_mask)
-            stats["objective/gold"] = sum(judge(p, t) for p, t in zip(ro.prompts, texts)) / len(texts)
+            gold = [judge(p, t) for p, t in zip(ro.prompts, texts)]
+            stats["objective/gold"] = sum(gold) / len(gold)
         if it % trainer.cfg.sample_every == 0 or it == iterations - 1:
             rows = trainer.samples(ro, 8)
             if judge is not None:
-                for r in rows:
-                    r["gold"] = judge(r["prompt"], r["response"])
+                for r, g in zip(rows, gold):
+                    r["gold"] = g
             run.log_table(rows, f"samples/iter_{it:04d}.json")
         run.log_metrics(stats, step=it)
         alarms = monitor.check(it, stats)
@@ -115,10 +123,11 @@ def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) ->
             if alarm.name not in raised:  # the tag keeps the first occurrence; the log has every one
                 run.set_tags({f"rlhf.alarm.{alarm.name}": str(alarm)})
                 raised.add(alarm.name)
+        stopping = bool(alarms) and trainer.cfg.stop_on_alarm
         healthy = not any(a.name == "nan" for a in alarms)  # a non-finite state is never checkpointed
-        if healthy and ((it + 1) % trainer.cfg.checkpoint_every == 0 or it == iterations - 1):
+        if healthy and ((it + 1) % trainer.cfg.checkpoint_every == 0 or it == iterations - 1 or stopping):
             log_checkpoint(trainer, run)
-        if alarms and trainer.cfg.stop_on_alarm:
+        if stopping:
             run.set_tags({"rlhf.stopped_on_alarm": f"iteration {it}: {', '.join(a.name for a in alarms)}"})
             return
 
@@ -130,7 +139,7 @@ def ppo_stage(
     """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
     data_dir = download(data.artifact_uri)
     sft_dir, reward_dir = download(sft.artifact_uri), download(reward.artifact_uri)
-    section = {"ppo": config.ppo.model_dump(), "max_prompt_tokens": config.model.n_positions}
+    section = {"ppo": config.ppo.model_dump(), "n_positions": config.model.n_positions}
     result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
                            file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
     return as_state(result)

@@ -12,14 +12,18 @@ The per-key lock of `run_cached` guarantees no live process is still working on 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric
+from safetensors import SafetensorError
 
-from rlhf_lib.ppo.checkpoint import latest_checkpoint, load_checkpoint
+from rlhf_lib.ppo.checkpoint import is_complete, load_checkpoint
 from rlhf_lib.ppo.trainer import PPOTrainer
 from stages.tracking import StageRun, download
+
+COMPLETE_MARKER = "COMPLETE"
 
 
 def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
@@ -47,15 +51,27 @@ def resume(trainer: PPOTrainer, run: StageRun, experiment_id: str, key: str) -> 
     if not [f for f in client.list_artifacts(old, "checkpoints")]:
         _retire(client, old, run.run_id, "no checkpoint to resume from")
         return 0
-    ckpt = latest_checkpoint(download(f"runs:/{old}/checkpoints"))
+    ckpt = _load_newest(trainer, download(f"runs:/{old}/checkpoints"))
     if ckpt is None:
         _retire(client, old, run.run_id, "no complete checkpoint to resume from")
         return 0
-    load_checkpoint(trainer, ckpt)
     _copy_history(client, old, run.run_id, before=trainer.iteration)
     run.set_tags({"rlhf.resumed_from": f"{old}/checkpoints/{ckpt.name}"})
     _retire(client, old, run.run_id, f"resumed from {ckpt.name}")
     return trainer.iteration
+
+
+def _load_newest(trainer: PPOTrainer, root: Path) -> Path | None:
+    """Load the newest checkpoint that was fully logged (it has the marker) and loads cleanly; None if none does.
+    `load_checkpoint` validates everything before it changes the trainer, so a bad one leaves it untouched."""
+    for ckpt in sorted(root.glob("iter_*"), reverse=True):
+        if (ckpt / COMPLETE_MARKER).is_file() and is_complete(ckpt):
+            try:
+                load_checkpoint(trainer, ckpt)
+                return ckpt
+            except (ValueError, OSError, SafetensorError):
+                continue
+    return None
 
 
 def _retire(client: MlflowClient, old: str, new: str, why: str) -> None:

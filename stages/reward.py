@@ -46,6 +46,7 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     data_dir = download(data.artifact_uri)
     sft_dir = download(sft.artifact_uri)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
-    section = {"reward": config.reward.model_dump()}
+    # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false).
+    section = {"reward": config.reward.model_dump(), "model": config.model.model_dump()}
     result, _ = run_cached(ctx, "reward", section, {"sft": sft}, fingerprint, _build(config, data_dir, data, sft_dir))
     return as_state(result)

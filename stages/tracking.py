@@ -178,12 +178,17 @@ def download(uri: str) -> Path:
         raise FileNotFoundError(f"cannot load artifact {uri}: {e.message}") from None
 
 
+def manifest_digest(files: dict[str, str]) -> str:
+    """The content identity of an artifact directory: sha256 over its manifest (relative path -> file sha256)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
 def write_manifest(local_dir: Path) -> str:
     """Write `manifest.json` (sha256 of each file) into `local_dir`; return the digest of the whole dir."""
     files = {str(p.relative_to(local_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
              for p in sorted(local_dir.rglob("*")) if p.is_file() and p.name != "manifest.json"}
     (local_dir / "manifest.json").write_text(json.dumps(files, indent=1, sort_keys=True))
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return manifest_digest(files)
 
 
 def verify_manifest(local_dir: Path, digest: str) -> bool:
@@ -192,7 +197,7 @@ def verify_manifest(local_dir: Path, digest: str) -> bool:
         files = json.loads((local_dir / "manifest.json").read_text())
     except (OSError, ValueError):
         return False
-    if hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() != digest:
+    if manifest_digest(files) != digest:
         return False
     for rel, sha in files.items():
         p = local_dir / rel

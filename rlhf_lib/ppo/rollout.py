@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lib.ppo.scoring import cache_kwarg, position_ids
+from rlhf_lib.ppo.scoring import cache_kwarg, keep_last, position_ids
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,6 +26,8 @@ def encode_prompts(
 
     Returns query (B, P) and query_mask (B, P).
     """
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
     rows = [tokenizer(p, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for p in prompts]
     if any(len(r) == 0 for r in rows):
         raise ValueError("a prompt tokenized to zero tokens")
@@ -62,7 +64,7 @@ def sample(
     kw = cache_kwarg(type(policy))
     attn = query_mask.long()
     pos = position_ids(attn)
-    out = policy(input_ids=query, attention_mask=attn, position_ids=pos, use_cache=True)
+    out = policy(input_ids=query, attention_mask=attn, position_ids=pos, use_cache=True, **keep_last(policy, 1))
     next_pos = pos[:, -1:] + 1
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     logits = out.logits[:, -1]  # (B, V)

@@ -66,13 +66,27 @@ def response_logits(
     response_mask: torch.Tensor,
     temperature: float,
 ) -> torch.Tensor:
-    """Logits / temperature that predict each response token. Shape: (B, R, V).
+    """Logits / temperature that predict each response token, in float32. Shape: (B, R, V).
 
-    The temperature is the sampling one: log-probs at another temperature would make the PPO ratio and the KL
-    wrong (N+ implementation details).
+    The model's own forward computes them (so any head-side logic such as logit soft-capping or scaling applies,
+    exactly as in sampling), projecting only the last R+1 positions: the prompt positions never pay for the
+    vocabulary matmul. The temperature is the sampling one: log-probs at another temperature would make the PPO
+    ratio and the KL wrong (N+ implementation details).
     """
-    hidden = response_hidden(model, query, query_mask, response, response_mask)  # (B, R, H)
-    return model.get_output_embeddings()(hidden) / temperature  # (B, R, V)
+    ids, mask = concat(query, query_mask, response, response_mask)
+    r = response.shape[1]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), **keep_last(model, r + 1))
+    return out.logits[:, -(r + 1) : -1].float() / temperature  # (B, R, V)
+
+
+@cache
+def _accepts_logits_to_keep(model_cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
+
+
+def keep_last(model: PreTrainedModel, n: int) -> dict[str, int]:
+    """`logits_to_keep=n` where the model supports it (most transformers causal LMs do), else nothing."""
+    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(model)) else {}
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

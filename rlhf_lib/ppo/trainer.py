@@ -24,7 +24,7 @@ from rlhf_lib.config import PPOConfig
 from rlhf_lib.models import freeze
 from rlhf_lib.ppo.advantages import compute_rewards, gae
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
-from rlhf_lib.ppo.masked import masked_mean, masked_whiten
+from rlhf_lib.ppo.masked import masked_mean, masked_var, masked_whiten
 from rlhf_lib.ppo.metrics import explained_variance
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores, token_values
@@ -136,7 +136,7 @@ class PPOTrainer:
             "objective/non_score_reward": reward_stats["non_score_reward"],
             "objective/reward_total": reward_stats["reward_total"],
             "advantages/mean": float(masked_mean(advantages, mask)),
-            "advantages/std": float(masked_mean((advantages - masked_mean(advantages, mask)) ** 2, mask).sqrt()),
+            "advantages/std": float(masked_var(advantages, mask, unbiased=False).sqrt()),
             "returns/mean": float(masked_mean(ro.returns, mask)),
             "value/mean": float(masked_mean(ro.values, mask)),
             "value/explained_variance": explained_variance(ro.values, ro.returns, mask),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,15 +22,15 @@ def trim_padding(mb: Rollout) -> Rollout:
     """Drop columns that are padding in every row of a minibatch: leading query columns and trailing response
     columns. Results are unchanged (those positions are masked), and short minibatches cost less."""
     q_keep = mb.query_mask.bool().any(0).nonzero()
-    r_len = int(mb.response_mask.sum(1).max())
     q0 = int(q_keep[0]) if len(q_keep) else 0
-    out = Rollout(**{k: getattr(mb, k) for k in mb.__dataclass_fields__})
-    out.query, out.query_mask = mb.query[:, q0:], mb.query_mask[:, q0:]
-    for name in ("response", "response_mask", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns"):
-        v = getattr(mb, name)
-        if v is not None:
-            setattr(out, name, v[:, :r_len])
-    return out
+    r_full, r_len = mb.response.shape[1], int(mb.response_mask.sum(1).max())
+    trimmed = {
+        name: v[:, :r_len]
+        for name in mb.__dataclass_fields__
+        if not name.startswith("query")  # per-token response fields: (B, R)
+        and isinstance(v := getattr(mb, name), torch.Tensor) and v.dim() == 2 and v.shape[1] == r_full
+    }
+    return replace(mb, query=mb.query[:, q0:], query_mask=mb.query_mask[:, q0:], **trimmed)
 
 
 def ppo_epochs(
@@ -63,6 +64,8 @@ def ppo_epochs(
             new_logprobs, entropy = response_logprobs(
                 policy, mb.query, mb.query_mask, mb.response, mb_mask, cfg.temperature, with_entropy=True
             )
+            if cfg.ent_coef == 0:  # logged only: keep its (B, R, V) softmax out of the backward pass
+                entropy = entropy.detach()
             new_values = token_values(value_model, mb.query, mb.query_mask, mb.response, mb_mask)
             pg_loss, pg_stats = policy_loss(new_logprobs, mb.logprobs, mb.advantages, mb_mask, cfg.clip_eps)
             vf_loss, vf_stats = value_loss(new_values, mb.values, mb.returns, mb_mask, cfg.value_clip)

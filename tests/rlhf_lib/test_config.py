@@ -38,3 +38,8 @@ def test_minibatches_must_divide_batch():
 def test_layers_merge_in_order():
     cfg = build_config([("a", {"ppo": {"lr": 1.0, "epochs": 2}}), ("b", {"ppo": {"lr": 2.0}})])
     assert cfg.ppo.lr == 2.0 and cfg.ppo.epochs == 2
+
+
+def test_responses_must_leave_room_for_the_prompt():
+    with pytest.raises(ValueError, match=r"ppo.max_new_tokens \(128\) leaves no room"):
+        PipelineConfig.model_validate({"ppo": {"max_new_tokens": 128}})

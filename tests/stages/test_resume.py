@@ -32,7 +32,8 @@ def _final_metrics(home: Path, run_id: str) -> dict:
     uri = f"sqlite:///{home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     metrics = client.get_run(run_id).data.metrics
-    return {k: client.get_metric_history(run_id, k)[-1].value for k in metrics if not k.startswith("time/")}
+    last = {k: max(client.get_metric_history(run_id, k), key=lambda m: m.step) for k in metrics}
+    return {k: m.value for k, m in last.items() if not k.startswith("time/")}
 
 
 def test_killed_ppo_resumes_to_the_uninterrupted_result(tmp_path):
