@@ -73,6 +73,21 @@ def load_config(preset: str, config_file: str | None, sets: list[str]):
         raise SystemExit(f"rlhf: bad config:\n{e}") from None
 
 
+def check_prefect(api_url: str, timeout_s: float = 5.0) -> None:
+    """Fail within seconds, naming the URL, when the configured Prefect API does not answer (no hang)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(api_url.rstrip("/") + "/health", timeout=timeout_s) as resp:
+            if resp.status == 200:
+                return
+    except (urllib.error.URLError, OSError) as e:
+        raise SystemExit(f"rlhf: the Prefect API at {api_url} is unreachable ({e}). Start it with `rlhf up`, or "
+                         "unset PREFECT_API_URL to use a throwaway local server.") from None
+    raise SystemExit(f"rlhf: the Prefect API at {api_url} did not answer its health check")
+
+
 def start_prefect():
     """Make sure a Prefect API is there for this process; returns the settings to run flows under.
 
@@ -80,6 +95,7 @@ def start_prefect():
     imports torch and Prefect; call `.wait()` on the returned server before the first flow.
     """
     if os.environ.get("PREFECT_API_URL"):
+        check_prefect(os.environ["PREFECT_API_URL"])
         return None
     from flows.ephemeral import EphemeralPrefect
 
