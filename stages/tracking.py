@@ -60,6 +60,10 @@ def setup_mlflow() -> str:
     uri = tracking_uri()
     check_reachable(uri)
     mlflow.set_tracking_uri(uri)
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI for child processes; a later `rlhf` child with another
+    # RLHF_HOME must not inherit this run's store, so the variable goes back to what the user set.
+    if _USER_TRACKING_URI is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
     if uri.startswith("sqlite:///"):
         # Two processes creating a fresh SQLite store at once race in its schema migrations: take turns.
         with file_lock("mlflow-store"):
