@@ -79,9 +79,13 @@ def code_version(stage: str) -> str:
     for f in files:
         h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
         h.update(f.read_bytes())
-    for lib in _LIBRARIES:
-        h.update(f"{lib}=={importlib.metadata.version(lib)}".encode())
+    h.update(_library_versions().encode())
     return h.hexdigest()[:16]
+
+
+@cache
+def _library_versions() -> str:
+    return ",".join(f"{lib}=={importlib.metadata.version(lib)}" for lib in _LIBRARIES)
 
 
 def cache_key(stage: str, section: dict[str, Any], upstream: dict[str, str], data_fingerprint: str) -> str:
