@@ -85,6 +85,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             out_dir.mkdir()
             run.log_params({f"{stage}.{k}": v for k, v in flatten(section).items()})
             build(run, out_dir)
+            run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)
             model_uri = publish_task(run, out_dir, lineage, digest)
     except BaseException as e:

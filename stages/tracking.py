@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -22,6 +23,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 EXPERIMENT = "rlhf"
+RETRY_DELAYS_S = (1, 2, 4, 8, 15)
+MAX_BUFFERED_METRICS = 200_000
+# What a store that is down for a moment raises: MLflow's own errors, and connection errors (OSError subclasses).
+_TRANSIENT = (mlflow.exceptions.MlflowException, OSError)
+_log = logging.getLogger(__name__)
 MODEL_NAMES = {"sft": "rlhf-sft", "reward": "rlhf-reward", "ppo": "rlhf-policy"}
 
 
@@ -119,16 +125,41 @@ class StageRun:
         self.run = self.client.create_run(experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = self.run.info.run_id
         self.stage = stage
+        self._pending: list[Metric] = []
 
     @property
     def artifact_uri(self) -> str:
         return self.run.info.artifact_uri
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Buffer the metrics and try to send everything pending once: a store that fails for a moment costs
+        training nothing, and the metrics go with the next call (none is lost). `flush()` at the end of the stage
+        retries with backoff and fails the stage if the store stays down."""
         ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
-        for i in range(0, len(batch), 900):  # the API's limit is 1000 metrics per batch
-            self.client.log_batch(self.run_id, metrics=batch[i : i + 900])
+        self._pending += [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
+        try:
+            self._send()
+        except _TRANSIENT as e:
+            _log.warning("MLflow unreachable, %d metrics buffered for run %s: %s", len(self._pending), self.run_id, e)
+            if len(self._pending) > MAX_BUFFERED_METRICS:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send every buffered metric, retrying with backoff (`RETRY_DELAYS_S`); raise if the store stays down."""
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                self._send()
+                return
+            except _TRANSIENT:
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    def _send(self) -> None:
+        while self._pending:
+            chunk = self._pending[:900]  # the API takes at most 1000 metrics per batch
+            self.client.log_batch(self.run_id, metrics=chunk)
+            del self._pending[: len(chunk)]
 
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]

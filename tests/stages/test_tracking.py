@@ -1,0 +1,49 @@
+"""Metric buffering: a store that fails for a while loses nothing; one that stays down fails the stage."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.exceptions import MlflowException
+
+from stages import tracking
+from stages.tracking import StageRun
+
+
+class FlakyClient:
+    """Fails `failures` times, then stores every batch it gets (a stand-in for the MLflow client)."""
+
+    def __init__(self, failures: int):
+        self.failures = failures
+        self.stored: list[tuple[str, int, float]] = []
+
+    def log_batch(self, run_id, metrics=()):
+        if self.failures:
+            self.failures -= 1
+            raise MlflowException("connection refused")
+        self.stored += [(m.key, m.step, m.value) for m in metrics]
+
+
+def _run(client) -> StageRun:
+    run = StageRun.__new__(StageRun)  # no real run: this isolates the buffering logic
+    run.client, run.run_id, run.stage, run._pending = client, "r1", "ppo", []
+    return run
+
+
+def test_transient_failures_buffer_and_lose_nothing(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS_S", (0, 0))
+    client = FlakyClient(failures=2)
+    run = _run(client)
+    for step in range(4):
+        run.log_metrics({"objective/kl": float(step)}, step)
+    run.flush()
+    assert client.stored == [("objective/kl", s, float(s)) for s in range(4)]
+    assert run._pending == []
+
+
+def test_a_store_that_stays_down_fails_the_flush(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS_S", (0, 0))
+    run = _run(FlakyClient(failures=10**6))
+    run.log_metrics({"objective/kl": 1.0}, 0)
+    with pytest.raises(MlflowException):
+        run.flush()
+    assert len(run._pending) == 1  # still buffered, never silently dropped
