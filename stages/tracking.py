@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import re
 import os
 import time
 import urllib.error
@@ -105,6 +106,19 @@ def file_lock(name: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+_SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.I)
+# Hugging Face, OpenAI-style and bearer tokens, and credentials inside URLs (scheme://user:pass@host).
+_SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|Bearer\s+\S+|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")
+
+
+def redact(key: str, value: Any) -> str:
+    """The value as text for a param or tag, with credentials replaced by `***`: nothing secret reaches MLflow."""
+    text = str(value)
+    if _SECRET_KEY.search(key):
+        return "***"
+    return _SECRET_VALUE.sub("***", text)
+
+
 def dir_digest(path: Path) -> str:
     """sha256 over the relative paths and bytes of every file under `path` (sorted): a content identity."""
     h = hashlib.sha256()
@@ -162,12 +176,12 @@ class StageRun:
             del self._pending[: len(chunk)]
 
     def log_params(self, params: dict[str, Any]) -> None:
-        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        items = [Param(k, redact(k, v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 90):
             self.client.log_batch(self.run_id, params=items[i : i + 90])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(k, v)) for k, v in tags.items()])
 
     def log_dir(self, local_dir: Path, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)

@@ -47,3 +47,13 @@ def test_a_store_that_stays_down_fails_the_flush(monkeypatch):
     with pytest.raises(MlflowException):
         run.flush()
     assert len(run._pending) == 1  # still buffered, never silently dropped
+
+
+def test_credentials_never_reach_params_or_tags():
+    from stages.tracking import redact
+
+    assert redact("model.name_or_path", "org/model") == "org/model"
+    assert redact("hub_token", "anything") == "***"
+    assert redact("note", "use hf_abcdefghijklmnopqrstuvwxyz0123 here") == "use *** here"
+    assert redact("uri", "https://user:s3cret@host/x") == "https://***@host/x"
+    assert redact("auth", "Bearer abc.def") == "***"  # key matches nothing, but the value is a bearer token
