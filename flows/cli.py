@@ -178,7 +178,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     urls = up(state)
     print(f"Prefect UI: {urls['prefect_ui']}\nMLflow UI:  {urls['mlflow_ui']}\nlogs: {state / 'services'}")
     host = os.environ.get("RLHF_HOST", "127.0.0.1")
-    print(f"bound to {host} only" + (" (loopback; set RLHF_HOST to serve other machines)" if host == "127.0.0.1" else ""))
+    loopback = " (loopback; set RLHF_HOST to serve other machines)" if host == "127.0.0.1" else ""
+    print(f"bound to {host} only{loopback}")
     return 0
 
 

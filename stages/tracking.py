@@ -10,8 +10,8 @@ import fcntl
 import hashlib
 import json
 import logging
-import re
 import os
+import re
 import time
 import urllib.error
 import urllib.request
