@@ -15,7 +15,8 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
-from rlhf_lib.data import read_prompts
+from rlhf_lib.data import read_prompts, read_sft
+from rlhf_lib.models import build_scalar_model
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
@@ -65,22 +66,28 @@ def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
     return ro, stats
 
 
-def load_models(sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT, frozen reward model, and a value model initialised from the RM."""
+def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
+    """Policy and frozen reference from SFT, the frozen reward model, and the critic the config asks for: a value
+    model initialised from the RM (InstructGPT) or from SFT, or none (a shared value head, grpo, rloo)."""
     policy, tokenizer = load_causal_lm(sft_dir)
     ref = copy.deepcopy(policy)
-    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=load_scalar(reward_dir),
-                     tokenizer=tokenizer)
+    value = None
+    if cfg.ppo.has_critic and cfg.ppo.critic == "separate":
+        value = load_scalar(reward_dir) if cfg.ppo.value_init == "reward" else build_scalar_model(policy)
+    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=value, tokenizer=tokenizer)
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
     def build(run: StageRun, out_dir: Path) -> None:
-        models = load_models(sft_dir, reward_dir)
+        models = load_models(cfg, sft_dir, reward_dir)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
+        ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
+               if cfg.ppo.ptx_coef > 0 else [])
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
-        trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt)
+        trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt, ptx_examples=ptx,
+                             ptx_max_length=cfg.sft.max_length)
         start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
         if start:
             get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
@@ -139,7 +146,8 @@ def ppo_stage(
     """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
     data_dir = download(data.artifact_uri)
     sft_dir, reward_dir = download(sft.artifact_uri), download(reward.artifact_uri)
-    section = {"ppo": config.ppo.model_dump(), "n_positions": config.model.n_positions}
+    section = {"ppo": config.ppo.model_dump(), "n_positions": config.model.n_positions,
+               "ptx_max_length": config.sft.max_length if config.ppo.ptx_coef > 0 else None}
     result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
                            file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
     return as_state(result)

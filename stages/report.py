@@ -8,7 +8,7 @@ import io
 from typing import Any
 
 CURVES = [
-    ("objective/score", "RM score"), ("objective/kl", "KL to reference (nats/response)"),
+    ("objective/score_raw", "RM score (raw)"), ("objective/kl", "KL to reference (nats/response)"),
     ("objective/kl_coef", "beta"), ("policy/entropy", "entropy"), ("response/length_mean", "response length"),
     ("policy/clipfrac", "clip fraction"), ("value/explained_variance", "explained variance"),
     ("objective/gold", "gold score (judge, monitoring only)"),
@@ -66,7 +66,7 @@ def overoptimisation_png(history: dict[str, list[tuple[int, float]]]) -> str | N
         return None
     fig, ax = plt.subplots(figsize=(6, 3.6))
     # KL is not monotone over the iterations, so points (not a line) and the iteration as the shade.
-    series = (("objective/score", "proxy: RM score", "Blues"), ("objective/gold", "gold: judge", "Oranges"))
+    series = (("objective/score_raw", "proxy: RM score", "Blues"), ("objective/gold", "gold: judge", "Oranges"))
     for key, label, cmap in series:
         pts = [(kl[s], v, s) for s, v in history.get(key, []) if s in kl]
         if pts:

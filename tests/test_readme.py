@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 from pydantic import BaseModel
 
 from rlhf_lib.config import PipelineConfig, PPOConfig
@@ -28,13 +29,16 @@ def test_every_config_key_is_documented():
     assert missing == []
 
 
-def test_every_ppo_metric_is_documented(tiny_tokenizer, tiny_policy):
+@pytest.mark.parametrize("options", [{}, {"critic": "shared", "ptx_coef": 0.1, "reward_clip": 1.0}])
+def test_every_ppo_metric_is_documented(tiny_tokenizer, tiny_policy, options):
     from rlhf_lib.models import build_scalar_model
     from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 
+    cfg = PPOConfig(batch_size=4, minibatches=2, epochs=1, max_new_tokens=4, rm_offset_samples=4, **options)
     rm = build_scalar_model(tiny_policy)
-    models = PPOModels(tiny_policy, copy.deepcopy(tiny_policy), rm, copy.deepcopy(rm), tiny_tokenizer)
-    cfg = PPOConfig(batch_size=4, minibatches=2, epochs=1, max_new_tokens=4)
-    _, stats = PPOTrainer(models, ["\n\nHuman: hi\n\nAssistant:"], cfg, 32).step()
+    value = copy.deepcopy(rm) if cfg.critic == "separate" else None
+    models = PPOModels(tiny_policy, copy.deepcopy(tiny_policy), rm, value, tiny_tokenizer)
+    trainer = PPOTrainer(models, ["\n\nHuman: hi\n\nAssistant:"], cfg, 32, ptx_examples=[("\n\nHuman: hi", " Hello.")])
+    _, stats = trainer.step()
     missing = [k for k in stats if f"`{k}`" not in README]
     assert missing == []

@@ -92,3 +92,33 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         next_value = values_real[:, t]
     returns = torch.where(m, advantages + values_real, zero)
     return advantages, returns
+
+
+@torch.no_grad()
+def group_advantages(rewards: Tensor, mask: Tensor, group_size: int, estimator: str) -> Tensor:
+    """Critic-free advantages from k samples per prompt: each row's whole-response return against its group.
+
+    Shape: rewards, mask (B, T) with B = G * k rows ordered group by group (rows g*k .. g*k+k-1 answer the same
+    prompt) -> advantages (B, T): the row's advantage on each real token, 0 on padding.
+    R_i = sum_t r_t                          the KL-shaped return of the whole response (gamma = 1)
+    grpo:  A_i = (R_i - mean_g R) / (std_g R + 1e-8)      (Shao et al. 2024, DeepSeekMath, eq. 3;
+                                                           std unbiased, as their reference code)
+    rloo:  A_i = R_i - 1/(k-1) sum_{j != i} R_j          (Ahmadian et al. 2024, "Back to Basics": REINFORCE
+                                                           with a leave-one-out baseline; = k/(k-1) (R_i - mean_g R))
+    Here the KL penalty stays in the per-token reward for every estimator (as RLOO and TRL's RLOOTrainer do),
+    so one reward definition serves all three; GRPO's KL-in-the-loss variant is not implemented.
+    """
+    m = mask.bool()
+    b = rewards.shape[0]
+    if group_size < 2 or b % group_size:
+        raise ValueError(f"batch of {b} rows is not a whole number of groups of {group_size} (need >= 2 per group)")
+    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    returns = torch.where(m, rewards, zero).sum(1).view(-1, group_size)  # (G, k)
+    mean = returns.mean(1, keepdim=True)
+    if estimator == "grpo":
+        adv = (returns - mean) / (returns.std(1, keepdim=True) + 1e-8)
+    elif estimator == "rloo":
+        adv = (returns - mean) * group_size / (group_size - 1)
+    else:
+        raise ValueError(f"unknown group advantage estimator {estimator!r}; expected 'grpo' or 'rloo'")
+    return torch.where(m, adv.reshape(b, 1).expand_as(rewards), zero)

@@ -51,7 +51,7 @@ class AlarmMonitor:
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
         self.history: dict[str, deque[float]] = {
-            k: deque(maxlen=cfg.alarm_window) for k in ("objective/score", "objective/gold", "response/length_mean")
+            k: deque(maxlen=cfg.alarm_window) for k in ("objective/score_raw", "objective/gold", "response/length_mean")
         }
 
     def check(self, iteration: int, stats: dict[str, float]) -> list[Alarm]:
@@ -84,7 +84,7 @@ class AlarmMonitor:
 
     def _reward_hacking(self, iteration: int) -> list[Alarm]:
         score, gold, length = (list(self.history[k]) for k in
-                               ("objective/score", "objective/gold", "response/length_mean"))
+                               ("objective/score_raw", "objective/gold", "response/length_mean"))
         # Trends, not single-iteration noise: the least-squares change over the window must exceed a minimum.
         span = self.cfg.alarm_window - 1
         if len(score) < self.cfg.alarm_window or _slope(score) * span < self.cfg.alarm_min_change:

@@ -4,7 +4,7 @@ Tensors go to safetensors files, everything else to one JSON file, so a checkpoi
 loading one never runs code. A checkpoint is a directory:
 
     policy.safetensors     policy state dict (tied weights stored once; aliases in the file's metadata)
-    value.safetensors      value-model state dict (same layout)
+    value.safetensors      the critic's state dict: value model, value head, or empty (same layout)
     optimizer.safetensors  every tensor of `optimizer.state_dict()` (Adam moments, `step`, ...)
     rng.safetensors        torch global RNG, the trainer's `torch.Generator` (and CUDA RNGs when CUDA is in use)
     state.json             the rest: optimizer param groups and non-tensor state, numpy and python RNG states,
@@ -94,6 +94,7 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
         "iteration": int(trainer.iteration),
         "optimizer": encode_optimizer(trainer.optimizer.state_dict(), opt_tensors),
         "kl_controller": {"class": type(trainer.kl_ctl).__name__, "state": trainer.kl_ctl.state_dict()},
+        "trainer": trainer.extra_state(),
         "rng": {"python": python_rng_state(random.getstate()), "numpy": numpy_rng_state()},
         "sampler": {
             "rng": python_rng_state(trainer.sampler.rng.getstate()),
@@ -111,7 +112,7 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         _save_module_state(trainer.m.policy.state_dict(), tmp / POLICY_FILE)
-        _save_module_state(trainer.m.value.state_dict(), tmp / VALUE_FILE)
+        _save_module_state(trainer.critic.module.state_dict(), tmp / VALUE_FILE)
         save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))
         save_file(rng_tensors, str(tmp / RNG_FILE))
         (tmp / STATE_FILE).write_text(state_text, encoding="utf-8")  # last: its presence marks completeness
@@ -140,7 +141,7 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
 
     state = _read_state(directory / STATE_FILE)
     policy_sd = load_module_state(trainer.m.policy, directory / POLICY_FILE)
-    value_sd = load_module_state(trainer.m.value, directory / VALUE_FILE)
+    value_sd = load_module_state(trainer.critic.module, directory / VALUE_FILE)
     opt_sd = decode_optimizer(
         require(state, "optimizer", STATE_FILE),
         load_file(str(directory / OPTIMIZER_FILE)),
@@ -164,14 +165,21 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
             f"{directory / STATE_FILE}: sampler.n_prompts is {sampler.get('n_prompts')}, the trainer has "
             f"{len(trainer.sampler.prompts)} prompts"
         )
+    extra_state = require(state, "trainer", STATE_FILE)
+    for key in ("rm_offset", "reward_moments"):
+        require(extra_state, key, f"{STATE_FILE} trainer")
+    if (extra_state["reward_moments"] is None) != (trainer.reward_moments is None):
+        raise ValueError(f"{directory / STATE_FILE}: reward whitening state does not match the trainer "
+                         "(was ppo.whiten_rewards changed?)")
     py_rng = require(require(state, "rng", STATE_FILE), "python", f"{STATE_FILE} rng")
     np_rng = require(state["rng"], "numpy", f"{STATE_FILE} rng")
 
     # All validated: now mutate.
     trainer.m.policy.load_state_dict(policy_sd, strict=True)
-    trainer.m.value.load_state_dict(value_sd, strict=True)
+    trainer.critic.module.load_state_dict(value_sd, strict=True)
     trainer.optimizer.load_state_dict(opt_sd)
     trainer.kl_ctl.load_state_dict(kl["state"])
+    trainer.load_extra_state(extra_state)
     trainer.sampler.rng.setstate(python_rng_tuple(sampler["rng"]))
     trainer.sampler.order = [int(i) for i in sampler["order"]]
     trainer.sampler.pos = int(sampler["pos"])

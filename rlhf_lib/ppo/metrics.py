@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf_lib.ppo.masked import masked_var
+from rlhf_lib.ppo.masked import masked_mean, masked_var
 
 
 @torch.no_grad()
@@ -23,3 +23,21 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     if var_returns == 0.0:
         return float("nan")
     return 1.0 - masked_var(returns - values, mask, unbiased=False).item() / var_returns
+
+
+# ppo_epochs' stat -> dashboard metric name.
+UPDATE_METRICS = {
+    "policy_loss": "loss/policy", "value_loss": "loss/value", "ptx_loss": "loss/ptx", "loss": "loss/total",
+    "entropy": "policy/entropy", "clipfrac": "policy/clipfrac", "approx_kl": "policy/approx_kl",
+    "ratio_mean": "policy/ratio_mean", "value_clipfrac": "value/clipfrac", "grad_norm": "grad_norm/total",
+    "grad_norm_policy": "grad_norm/policy", "grad_norm_value": "grad_norm/value",
+    "refused_steps": "update/refused_steps", "epochs": "update/epochs",
+}
+
+
+def spread(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std, min and max of `x` over real tokens, as `name/mean` ... Shape: x, mask (B, T)."""
+    m = mask.bool()
+    real = x[m]
+    return {f"{name}/mean": float(masked_mean(x, m)), f"{name}/std": float(masked_var(x, m, unbiased=False).sqrt()),
+            f"{name}/min": float(real.min()), f"{name}/max": float(real.max())}

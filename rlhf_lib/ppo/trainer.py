@@ -13,80 +13,59 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.models import freeze
-from rlhf_lib.ppo.advantages import compute_rewards, gae
+from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
+from rlhf_lib.ppo.critic import Critic, disable_dropout
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
-from rlhf_lib.ppo.masked import masked_mean, masked_var, masked_whiten
-from rlhf_lib.ppo.metrics import explained_variance
+from rlhf_lib.ppo.masked import masked_mean, masked_whiten
+from rlhf_lib.ppo.metrics import UPDATE_METRICS, explained_variance, spread
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
-from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores, token_values
-from rlhf_lib.ppo.types import Rollout
+from rlhf_lib.ppo.sampler import PromptSampler
+from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
+from rlhf_lib.ppo.shaping import RunningMoments, shape_scores, truncate_after_eos
+from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import ppo_epochs
-
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-@dataclass
-class PPOModels:
-    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train."""
-
-    policy: PreTrainedModel
-    ref: PreTrainedModel
-    reward: PreTrainedModel
-    value: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-
-
-class PromptSampler:
-    """Endless seeded passes over the prompts, each in a fresh order; its position is part of the state."""
-
-    def __init__(self, prompts: Sequence[str], seed: int):
-        if not prompts:
-            raise ValueError("PPO needs at least one prompt")
-        self.prompts = list(prompts)
-        self.rng = random.Random(seed)
-        self.order: list[int] = []
-        self.pos = 0
-
-    def next(self, n: int) -> list[str]:
-        out = []
-        while len(out) < n:
-            if self.pos >= len(self.order):
-                self.order = list(range(len(self.prompts)))
-                self.rng.shuffle(self.order)
-                self.pos = 0
-            out.append(self.prompts[self.order[self.pos]])
-            self.pos += 1
-        return out
 
 
 class PPOTrainer:
-    def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int):
+    def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int,
+                 ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128):
         self.m = models
         self.cfg = cfg
         self.max_prompt_tokens = max_prompt_tokens
+        for model in (models.policy, models.ref, models.reward, models.value):
+            if model is not None:
+                disable_dropout(model)
         freeze(models.ref)
         freeze(models.reward)
+        self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        groups = [{"params": list(models.policy.parameters()), "lr": cfg.lr, "name": "policy"}]
+        if self.critic.trains:
+            groups.append({"params": list(self.critic.module.parameters()), "lr": cfg.value_lr or cfg.lr,
+                           "name": "value"})
         # Adam eps 1e-5 rather than 1e-8: "The 37 Implementation Details of PPO" (#3) and the OpenAI baselines.
-        self.optimizer = torch.optim.Adam(
-            list(models.policy.parameters()) + list(models.value.parameters()), lr=cfg.lr, eps=1e-5
-        )
+        self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.kl_ctl = (
             AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
             if cfg.adaptive_kl
             else FixedKLController(cfg.kl_coef)
         )
+        self.reward_moments = RunningMoments() if cfg.whiten_rewards else None
+        self.rm_offset: float | None = None if cfg.rm_offset_samples else 0.0
+        self.ptx_examples = list(ptx_examples)
+        self.ptx_max_length = ptx_max_length
+        if cfg.ptx_coef > 0 and not self.ptx_examples:
+            raise ValueError("ppo.ptx_coef > 0 needs demonstrations (the SFT data) for the ptx loss")
         self.iteration = 0
         self.refused_streak = 0
         self.timings: dict[str, float] = {}
@@ -94,14 +73,21 @@ class PPOTrainer:
     # 1. generate ---------------------------------------------------------------------------------------------
     def rollout(self) -> Rollout:
         t0 = time.perf_counter()
-        prompts = self.sampler.next(self.cfg.batch_size)
-        query, query_mask = encode_prompts(self.m.tokenizer, prompts, self.max_prompt_tokens)
+        c = self.cfg
+        # Critic-free estimators compare k samples of one prompt, so each prompt is drawn once and repeated k times.
+        k = 1 if c.has_critic else c.group_size
+        prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
+        tok = self.m.tokenizer
+        query, query_mask = encode_prompts(tok, prompts, self.max_prompt_tokens)
         response, response_mask, logprobs = sample(
-            self.m.policy, query, query_mask,
-            max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-            eos_token_id=self.m.tokenizer.eos_token_id, pad_token_id=self.m.tokenizer.pad_token_id,
-            generator=self.generator,
+            self.m.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
+            stop_at_eos=c.stop_at_eos,
         )
+        if not c.stop_at_eos:
+            response, response_mask, logprobs = truncate_after_eos(
+                response, response_mask, logprobs, tok.eos_token_id, tok.pad_token_id
+            )
         self.timings["rollout_s"] = time.perf_counter() - t0
         return Rollout(query, query_mask, response, response_mask, logprobs, prompts=prompts)
 
@@ -109,38 +95,69 @@ class PPOTrainer:
     @torch.inference_mode()
     def score(self, ro: Rollout) -> None:
         t0 = time.perf_counter()
+        if self.rm_offset is None:
+            self.rm_offset = self._rm_offset()
         args = (ro.query, ro.query_mask, ro.response, ro.response_mask)
         ro.ref_logprobs, _ = response_logprobs(self.m.ref, *args, temperature=self.cfg.temperature)
-        ro.values = token_values(self.m.value, *args)
-        ro.scores = sequence_scores(self.m.reward, *concat(*args))
+        ro.values = self.critic.values(self.m.policy, *args)
+        ro.raw_scores = sequence_scores(self.m.reward, *concat(*args))
         self.timings["score_s"] = time.perf_counter() - t0
+
+    def _rm_offset(self) -> float:
+        """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean raw score of
+        `rm_offset_samples` responses of the SFT policy (= the frozen reference) to training prompts. Its own RNGs,
+        so the training stream is the same with the offset on or off."""
+        c, tok = self.cfg, self.m.tokenizer
+        prompts = random.Random(c.seed + 1).choices(self.sampler.prompts, k=c.rm_offset_samples)
+        gen = torch.Generator().manual_seed(c.seed + 1)
+        total = 0.0
+        for i in range(0, len(prompts), c.batch_size):
+            query, query_mask = encode_prompts(tok, prompts[i : i + c.batch_size], self.max_prompt_tokens)
+            response, response_mask, _ = sample(
+                self.m.ref, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
+            )
+            total += float(sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask)).sum())
+        return total / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
     @torch.no_grad()
     def advantages(self, ro: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
-        ro.require("ref_logprobs", "values", "scores")
-        mask = ro.response_mask
-        ro.rewards, reward_stats = compute_rewards(
-            ro.scores, ro.logprobs, ro.ref_logprobs, mask, self.kl_ctl.value, self.cfg.kl_estimator
+        ro.require("ref_logprobs", "raw_scores")
+        c, mask = self.cfg, ro.response_mask
+        has_eos = ends_with_eos(ro.response, mask, self.m.tokenizer.eos_token_id)
+        ro.scores, score_stats = shape_scores(
+            ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, missing_eos_penalty=c.missing_eos_penalty,
+            moments=self.reward_moments, clip=c.reward_clip,
         )
-        advantages, ro.returns = gae(ro.rewards, ro.values, mask, self.cfg.gamma, self.cfg.lam)
+        ro.rewards, reward_stats = compute_rewards(
+            ro.scores, ro.logprobs, ro.ref_logprobs, mask, self.kl_ctl.value, c.kl_estimator
+        )
+        if c.has_critic:
+            ro.require("values")
+            advantages, ro.returns = gae(ro.rewards, ro.values, mask, c.gamma, c.lam)
+        else:
+            advantages = group_advantages(ro.rewards, mask, c.group_size, c.advantage_estimator)
         # Whitening over the whole rollout keeps the policy-gradient scale independent of the reward scale
-        # (N+ implementation details; TRL `whiten(advantages)`).
-        ro.advantages = masked_whiten(advantages, mask) if self.cfg.whiten_advantages else advantages
+        # (N+ implementation details; TRL `whiten(advantages)`). GRPO advantages are normalised per group already.
+        whiten = c.whiten_advantages and c.advantage_estimator != "grpo"
+        ro.advantages = masked_whiten(advantages, mask) if whiten else advantages
         kl = kl_stats(ro.logprobs, ro.ref_logprobs, mask)
         stats = {
             "objective/kl_coef": self.kl_ctl.value,
             "objective/kl": kl["kl_k1"], "objective/kl_k2": kl["kl_k2"], "objective/kl_k3": kl["kl_k3"],
+            "objective/score_raw": float(ro.raw_scores.float().mean()),
             "objective/score": reward_stats["score_mean"],
+            "objective/score_clipfrac": score_stats["score_clipfrac"],
             "objective/non_score_reward": reward_stats["non_score_reward"],
             "objective/reward_total": reward_stats["reward_total"],
-            "advantages/mean": float(masked_mean(advantages, mask)),
-            "advantages/std": float(masked_var(advantages, mask, unbiased=False).sqrt()),
-            "returns/mean": float(masked_mean(ro.returns, mask)),
-            "value/mean": float(masked_mean(ro.values, mask)),
-            "value/explained_variance": explained_variance(ro.values, ro.returns, mask),
+            **spread("advantages", advantages, mask),
         }
+        if c.has_critic:
+            stats.update(spread("returns", ro.returns, mask))
+            stats["value/mean"] = float(masked_mean(ro.values, mask))
+            stats["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask)
         # The controller sees the KL of the samples it just shaped (Ziegler et al. 2019, eq. 2).
         self.kl_ctl.update(kl["kl_k1"], ro.batch_size)
         self.timings["gae_s"] = time.perf_counter() - t0
@@ -149,28 +166,51 @@ class PPOTrainer:
     # 5. update -----------------------------------------------------------------------------------------------
     def update(self, ro: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
-        s = ppo_epochs(self.m.policy, self.m.value, self.optimizer, ro, self.cfg, self.generator)
+        c = self.cfg
+        frac = 1.0 - self.iteration / c.iterations if c.lr_schedule == "linear" else 1.0
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * frac
+        warming_up = self.critic.trains and self.iteration < c.critic_warmup
+        s = ppo_epochs(self.m.policy, self.critic, self.optimizer, ro, c, self.generator,
+                       train_policy=not warming_up, ptx_batch=self._ptx_batch if c.ptx_coef > 0 else None)
         self.timings["update_s"] = time.perf_counter() - t0
         self.iteration += 1
         self._guard(s["refused_steps"])
-        s = defaultdict(lambda: math.nan, s)  # every step refused: the loss stats are NaN, and the alarm says so
+        stats = {f"{UPDATE_METRICS[k]}": v for k, v in s.items() if k in UPDATE_METRICS}
+        if s["refused_steps"] >= c.epochs * c.minibatches:  # every step refused: NaN losses, and the alarm says so
+            stats.update({UPDATE_METRICS[k]: math.nan for k in ("loss", "policy_loss", "value_loss")
+                          if k != "value_loss" or self.critic.trains})
+        for group in self.optimizer.param_groups:
+            stats[f"lr/{group['name']}"] = group["lr"]
+        stats["update/critic_warmup"] = float(warming_up)
         lengths = ro.response_mask.sum(1).float()
-        stats = {
-            "loss/policy": s["policy_loss"], "loss/value": s["value_loss"], "loss/total": s["loss"],
-            "policy/entropy": s["entropy"], "policy/clipfrac": s["clipfrac"], "policy/approx_kl": s["approx_kl"],
-            "policy/ratio_mean": s["ratio_mean"], "value/clipfrac": s["value_clipfrac"],
-            "grad_norm": s["grad_norm"], "lr": self.optimizer.param_groups[0]["lr"],
-            "update/refused_steps": s["refused_steps"],
+        stats.update({
             "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
             "response/no_eos_frac": float(
                 (~ends_with_eos(ro.response, ro.response_mask, self.m.tokenizer.eos_token_id)).float().mean()
             ),
-        }
+        })
         total = sum(self.timings.get(k, 0.0) for k in ("rollout_s", "score_s", "gae_s", "update_s"))
         stats.update({f"time/{k}": v for k, v in self.timings.items()})
         stats["time/iteration_s"] = total
         stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
         return stats
+
+    def _ptx_batch(self) -> dict[str, torch.Tensor]:
+        """`ptx_batch_size` demonstrations drawn with the trainer's generator (so runs stay reproducible)."""
+        idx = torch.randint(len(self.ptx_examples), (self.cfg.ptx_batch_size,), generator=self.generator).tolist()
+        rows = [self.ptx_examples[i] for i in idx]
+        return sft_batch(self.m.tokenizer, [p for p, _ in rows], [r for _, r in rows], self.ptx_max_length)
+
+    def extra_state(self) -> dict[str, Any]:
+        """The trainer's running state besides weights, optimizer, KL controller, sampler and RNGs (checkpoints)."""
+        return {"rm_offset": self.rm_offset,
+                "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.rm_offset = state["rm_offset"]
+        if self.reward_moments is not None:
+            self.reward_moments.load_state_dict(state["reward_moments"])
 
     def _guard(self, refused_steps: float) -> None:
         """Count iterations whose every update step was refused as non-finite; fail after too many in a row, so a
@@ -194,4 +234,6 @@ class PPOTrainer:
     def samples(self, ro: Rollout, n: int) -> list[dict[str, object]]:
         """The first `n` (prompt, response, score) rows of a scored rollout, for the sample table."""
         texts = decode_responses(self.m.tokenizer, ro.response[:n], ro.response_mask[:n])
-        return [{"prompt": p, "response": r, "score": float(s)} for p, r, s in zip(ro.prompts[:n], texts, ro.scores[:n])]
+        return [{"prompt": p, "response": r, "score_raw": float(raw), "score": float(s)}
+                for p, r, raw, s in zip(ro.prompts[:n], texts, ro.raw_scores[:n], ro.scores[:n])]
+

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass
@@ -20,9 +24,10 @@ class Rollout:
         logprobs:        (B, R) log pi_old(token) at the sampling temperature, 0 on padding.
     Filled by `score` (2. score):
         ref_logprobs:    (B, R) log pi_ref(token) at the same temperature.
-        values:          (B, R) V(state before each response token) from the value model.
-        scores:          (B,)   reward-model score of prompt + response, read at the last real token.
+        values:          (B, R) V(state before each response token) from the critic; None without one.
+        raw_scores:      (B,)   reward-model score of prompt + response, read at the last real token.
     Filled by `advantages` (3. rewards, 4. advantages):
+        scores:          (B,)   the score that enters the reward (offset, EOS penalty, whitening, clip: shaping.py).
         rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last real token.
         advantages:      (B, R) GAE advantages (whitened when configured), 0 on padding.
         returns:         (B, R) advantages + values before whitening: the value model's target.
@@ -36,6 +41,7 @@ class Rollout:
     prompts: list[str] = field(default_factory=list)
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    raw_scores: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -51,10 +57,22 @@ class Rollout:
         if missing:
             raise RuntimeError(f"rollout is missing {missing}: run the earlier PPO phases first")
 
-    def minibatch(self, idx: torch.Tensor) -> "Rollout":
+    def minibatch(self, idx: torch.Tensor) -> Rollout:
         """Rows `idx` of every filled tensor field (the prompts list is not carried)."""
         kw = {}
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
             kw[name] = v[idx] if isinstance(v, torch.Tensor) else ([] if name == "prompts" else v)
         return Rollout(**kw)
+
+
+@dataclass
+class PPOModels:
+    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train. `value` is None
+    when the critic is a head on the policy (ppo.critic=shared) or there is none (grpo, rloo)."""
+
+    policy: PreTrainedModel
+    ref: PreTrainedModel
+    reward: PreTrainedModel
+    value: PreTrainedModel | None
+    tokenizer: PreTrainedTokenizerBase

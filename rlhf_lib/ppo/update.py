@@ -1,21 +1,24 @@
-"""5. update: N epochs x M minibatches of clipped-surrogate + clipped-value + entropy steps over one rollout."""
+"""5. update: N epochs x M minibatches of clipped-surrogate + clipped-value + entropy (+ ptx) steps over one rollout."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
-from rlhf_lib.ppo.scoring import response_logprobs, token_values
 from rlhf_lib.ppo.types import Rollout
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel
+
+PtxBatches = Callable[[], dict[str, torch.Tensor]]
 
 
 def trim_padding(mb: Rollout) -> Rollout:
@@ -33,64 +36,123 @@ def trim_padding(mb: Rollout) -> Rollout:
     return replace(mb, query=mb.query[:, q0:], query_mask=mb.query_mask[:, q0:], **trimmed)
 
 
+def ptx_loss(policy: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """PPO-ptx term (InstructGPT, Ouyang et al. 2022, eq. 2: gamma * E_pretrain[log pi]): next-token cross-entropy
+    of the policy on demonstration responses. Shapes: input_ids, attention_mask, labels (N, T) -> loss ()."""
+    from rlhf_lib.sft import response_lm_loss
+
+    logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (N, T, V)
+    return response_lm_loss(logits.float(), batch["labels"])[0]
+
+
+def _micro_loss(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOConfig, train_policy: bool,
+                weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss of one micro-batch, scaled by its share `weight` of the minibatch's real tokens, so that summing the
+    micro-batches' gradients gives exactly the gradient of the token-level mean over the whole minibatch."""
+    mask = mb.response_mask
+    logprobs, entropy, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask,
+                                               cfg.temperature, train_policy, entropy_grad=cfg.ent_coef > 0)
+    loss = torch.zeros((), dtype=torch.float32)
+    stats: dict[str, float] = {}
+    if logprobs is not None:
+        pg, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_eps)
+        ent = masked_mean(entropy, mask)
+        loss = loss + pg - cfg.ent_coef * ent
+        stats.update(pg_stats, entropy=float(ent.detach()))
+    if values is not None:
+        vf, vf_stats = value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
+        loss = loss + cfg.vf_coef * vf
+        stats.update(vf_stats)
+    return loss * weight, {k: v * weight for k, v in stats.items()}
+
+
 def ppo_epochs(
     policy: PreTrainedModel,
-    value_model: PreTrainedModel,
+    critic: Critic,
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     cfg: PPOConfig,
     generator: torch.Generator,
+    *,
+    train_policy: bool = True,
+    ptx_batch: PtxBatches | None = None,
 ) -> dict[str, float]:
-    """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat
-    over the steps taken, and `refused_steps`: minibatches whose loss or gradient was not finite (skipped).
+    """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat over
+    the steps taken, plus `refused_steps` (minibatches whose loss or gradient was not finite: skipped) and
+    `epochs` (epochs run: fewer than cfg.epochs when the approximate-KL early stop fired).
 
-    Loss per minibatch (PPO eq. 9, signs as minimised):
-        L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy)
-    The value model is separate, so the value term only moves its weights; one Adam holds both (as TRL does).
+    Loss per minibatch (PPO eq. 9, signs as minimised; InstructGPT eq. 2 for the ptx term):
+        L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy) + ptx_coef * L_sft(demos)
+    `train_policy=False` (critic warm-up) keeps only the value term. Each minibatch is split into
+    `cfg.gradient_accumulation_steps` micro-batches whose gradients add up to the minibatch's.
     """
-    rollout.require("advantages", "returns", "values")
+    rollout.require("advantages")
+    if critic.trains:
+        rollout.require("values", "returns")
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    groups = {g.get("name", str(i)): g["params"] for i, g in enumerate(optimizer.param_groups)}
     b_size = rollout.batch_size
     mb_size = b_size // cfg.minibatches
+    micro = mb_size // cfg.gradient_accumulation_steps
+    use_ptx = ptx_batch is not None and cfg.ptx_coef > 0 and train_policy
     sums: dict[str, float] = defaultdict(float)
-    n = 0
+    n = epochs_run = 0
+    stop = False
     policy.train()
-    value_model.train()
+    critic.module.train()
     for _epoch in range(cfg.epochs):
+        epochs_run += 1
         b_perm = torch.randperm(b_size, generator=generator)
         for start in range(0, b_size, mb_size):
-            mb = trim_padding(rollout.minibatch(b_perm[start : start + mb_size]))
-            mb_mask = mb.response_mask
-            new_logprobs, entropy = response_logprobs(
-                policy, mb.query, mb.query_mask, mb.response, mb_mask, cfg.temperature, with_entropy=True
-            )
-            if cfg.ent_coef == 0:  # logged only: keep its (B, R, V) softmax out of the backward pass
-                entropy = entropy.detach()
-            new_values = token_values(value_model, mb.query, mb.query_mask, mb.response, mb_mask)
-            pg_loss, pg_stats = policy_loss(new_logprobs, mb.logprobs, mb.advantages, mb_mask, cfg.clip_eps)
-            vf_loss, vf_stats = value_loss(new_values, mb.values, mb.returns, mb_mask, cfg.value_clip)
-            mb_entropy = masked_mean(entropy, mb_mask)
-            loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * mb_entropy
-
+            mb_idx = b_perm[start : start + mb_size]
+            mb_tokens = float(rollout.response_mask[mb_idx].sum())
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            mb_stats: dict[str, float] = defaultdict(float)
+            loss_total = 0.0
+            for m0 in range(0, mb_size, micro):
+                part = trim_padding(rollout.minibatch(mb_idx[m0 : m0 + micro]))
+                loss, stats = _micro_loss(policy, critic, part, cfg, train_policy,
+                                          float(part.response_mask.sum()) / mb_tokens)
+                loss.backward()
+                loss_total += float(loss.detach())
+                for k, v in stats.items():
+                    mb_stats[k] += v
+            if use_ptx:
+                ptx = ptx_loss(policy, ptx_batch())
+                (cfg.ptx_coef * ptx).backward()
+                loss_total += cfg.ptx_coef * float(ptx.detach())
+                mb_stats["ptx_loss"] = float(ptx.detach())
+            norms = {name: _grad_norm(ps) for name, ps in groups.items()}
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             # NaN/inf guard: a non-finite loss or gradient never reaches the weights or Adam's moments.
-            if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            if not (torch.isfinite(torch.tensor(loss_total)) and torch.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
                 sums["refused_steps"] += 1.0
                 continue
             optimizer.step()
-
-            for k, v in {**pg_stats, **vf_stats}.items():
-                sums[k] += float(v)
-            sums["entropy"] += float(mb_entropy.detach())
+            for k, v in mb_stats.items():
+                sums[k] += v
+            for name, v in norms.items():
+                sums[f"grad_norm_{name}"] += v
             sums["grad_norm"] += float(grad_norm)
-            sums["loss"] += float(loss.detach())
+            sums["loss"] += loss_total
             n += 1
+            # Early stop on the policy's drift from the rollout policy (SB3 / OpenAI spinning-up `target_kl`).
+            if cfg.early_stop_kl is not None and mb_stats.get("approx_kl", 0.0) > cfg.early_stop_kl:
+                stop = True
+                break
+        if stop:
+            break
     policy.eval()
-    value_model.eval()
+    critic.module.eval()
     refused = sums.pop("refused_steps", 0.0)
     out = {k: v / n for k, v in sums.items()} if n else {}
     out["refused_steps"] = refused
+    out["epochs"] = float(epochs_run)
     return out
+
+
+def _grad_norm(params: list[torch.Tensor]) -> float:
+    """L2 norm of the gradients of `params` before clipping (0 when none has a gradient)."""
+    grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0

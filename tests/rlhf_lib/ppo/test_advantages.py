@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lib.ppo.advantages import compute_rewards, gae
+from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 
 NAN = math.nan
 
@@ -126,3 +126,31 @@ def test_gae_no_grad() -> None:
     values = torch.randn(2, 3, requires_grad=True)
     adv, ret = gae(torch.randn(2, 3), values, torch.ones(2, 3), 1.0, 0.95)
     assert not adv.requires_grad and not ret.requires_grad
+
+
+# Critic-free estimators -------------------------------------------------------------------------------------
+
+
+def test_rloo_is_the_leave_one_out_baseline():
+    # Two groups of 3; returns are the row sums over real tokens: [1, 2, 6] and [0, 0, 3].
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [2.0, 4.0], [0.0, 0.0], [0.0, 9.0], [3.0, 0.0]])
+    mask = torch.tensor([[1, 0], [1, 1], [1, 1], [1, 1], [1, 0], [1, 0]])
+    adv = group_advantages(rewards, mask, 3, "rloo")
+    # Row 0: 1 - (2 + 6)/2 = -3; row 1: 2 - 3.5 = -1.5; row 2: 6 - 1.5 = 4.5; group 2 returns [0, 0, 3]
+    # (the 9 is padding): -1.5, -1.5, 3.
+    expected = [-3.0, -1.5, 4.5, -1.5, -1.5, 3.0]
+    assert adv[:, 0].tolist() == pytest.approx(expected)
+    assert adv[1, 1].item() == pytest.approx(-1.5) and adv[0, 1].item() == 0.0  # padding stays 0
+
+
+def test_grpo_normalises_by_the_group():
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [5.0], [5.0], [5.0]])
+    mask = torch.ones(6, 1)
+    adv = group_advantages(rewards, mask, 3, "grpo")
+    # Group 1: mean 2, unbiased std 1 -> -1, 0, 1; group 2: all equal -> 0 (no NaN).
+    assert adv[:, 0].tolist() == pytest.approx([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_group_advantages_refuse_a_ragged_batch():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(torch.zeros(6, 2), torch.ones(6, 2), 4, "grpo")

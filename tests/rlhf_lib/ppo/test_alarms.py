@@ -6,7 +6,7 @@ from rlhf_lib.config import PPOConfig
 from rlhf_lib.ppo.alarms import AlarmMonitor, _slope
 
 CFG = PPOConfig(target_kl=3.0, alarm_kl_factor=4.0, max_new_tokens=32, alarm_window=3, alarm_after=2)
-HEALTHY = {"objective/kl": 3.0, "objective/score": 0.5, "policy/entropy": 1.0, "value/explained_variance": 0.5,
+HEALTHY = {"objective/kl": 3.0, "objective/score_raw": 0.5, "policy/entropy": 1.0, "value/explained_variance": 0.5,
            "response/length_mean": 12.0, "response/no_eos_frac": 0.0, "loss/policy": 0.1}
 
 
@@ -43,21 +43,21 @@ def test_entropy_and_critic_alarms_wait_for_the_warm_up():
 def test_reward_hacking_when_score_rises_and_gold_falls():
     m = AlarmMonitor(CFG)
     for it, (score, gold) in enumerate([(0.1, 0.5), (0.3, 0.4), (0.6, 0.2)]):
-        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+        fired = names(m, it, **{"objective/score_raw": score, "objective/gold": gold})
     assert fired == ["reward_hacking"]
 
 
 def test_reward_hacking_by_length_without_a_judge():
     m = AlarmMonitor(CFG)
     for it, (score, length) in enumerate([(0.1, 10.0), (0.3, 13.0), (0.6, 16.0)]):
-        fired = names(m, it, **{"objective/score": score, "response/length_mean": length})
+        fired = names(m, it, **{"objective/score_raw": score, "response/length_mean": length})
     assert fired == ["reward_hacking"]  # 16 > 1.5 x 10
 
 
 def test_rising_score_with_rising_gold_is_fine():
     m = AlarmMonitor(CFG)
     for it, (score, gold) in enumerate([(0.1, 0.1), (0.3, 0.2), (0.6, 0.4)]):
-        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+        fired = names(m, it, **{"objective/score_raw": score, "objective/gold": gold})
     assert fired == []
 
 
@@ -65,5 +65,5 @@ def test_a_flat_score_with_noise_is_not_reward_hacking():
     # score trend over the window: slope 0.005/iter x 2 = 0.01 < alarm_min_change 0.05
     m = AlarmMonitor(CFG)
     for it, (score, gold) in enumerate([(0.74, 0.39), (0.745, 0.35), (0.75, 0.32)]):
-        fired = names(m, it, **{"objective/score": score, "objective/gold": gold})
+        fired = names(m, it, **{"objective/score_raw": score, "objective/gold": gold})
     assert fired == []

@@ -20,17 +20,25 @@ PROMPTS = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(8)
 # batch 6 of 8 prompts: a checkpoint lands mid-pass, so the sampler's order and position matter;
 # target_kl 1.0 moves the adaptive beta every iteration, so the controller's state matters.
 CFG = PPOConfig(batch_size=6, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3, target_kl=1.0)
+# Every piece of running state: a shared value head in warm-up, running reward whitening, the RM offset, a decaying
+# learning rate; and the critic-free path, whose groups repeat prompts.
+CFGS = {
+    "separate": CFG,
+    "shared": CFG.model_copy(update=dict(critic="shared", critic_warmup=1, whiten_rewards=True, rm_offset_samples=12,
+                                         lr_schedule="linear", iterations=4, gradient_accumulation_steps=3)),
+    "rloo": CFG.model_copy(update=dict(advantage_estimator="rloo", group_size=3, missing_eos_penalty=1.0)),
+}
 
 
-def _fresh_trainer(tokenizer) -> PPOTrainer:
+def _fresh_trainer(tokenizer, cfg: PPOConfig = CFG) -> PPOTrainer:
     """A trainer built from scratch with the same initial weights every time, as after a process restart."""
     policy = build_policy(tokenizer, n_layer=1, n_head=2, n_embd=32, n_positions=64, seed=0)
     torch.manual_seed(0)
     rm = build_scalar_model(policy, seed=1)
     torch.nn.init.normal_(rm.score.weight, std=0.5)
-    models = PPOModels(policy=policy, ref=copy.deepcopy(policy), reward=rm, value=copy.deepcopy(rm),
-                       tokenizer=tokenizer)
-    return PPOTrainer(models, PROMPTS, CFG, max_prompt_tokens=32)
+    value = copy.deepcopy(rm) if cfg.has_critic and cfg.critic == "separate" else None
+    models = PPOModels(policy=policy, ref=copy.deepcopy(policy), reward=rm, value=value, tokenizer=tokenizer)
+    return PPOTrainer(models, PROMPTS, cfg, max_prompt_tokens=32)
 
 
 def _stats(trainer: PPOTrainer, n: int) -> list[dict[str, float]]:
@@ -44,11 +52,13 @@ def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.equal(sa[k], sb[k]), k
 
 
-def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_path):
-    a = _fresh_trainer(tiny_tokenizer)
+@pytest.mark.parametrize("variant", CFGS)
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_path, variant):
+    cfg = CFGS[variant]
+    a = _fresh_trainer(tiny_tokenizer, cfg)
     a_stats = _stats(a, 3)
 
-    b = _fresh_trainer(tiny_tokenizer)
+    b = _fresh_trainer(tiny_tokenizer, cfg)
     b_stats = _stats(b, 1)
     assert b_stats[0] == a_stats[0]
     path = save_checkpoint(b, checkpoint_dir(tmp_path, b.iteration), extra={"reward_ema": 0.25})
@@ -58,7 +68,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_pat
 
     # Between save and load the process "restarts": every global RNG moves on and a new trainer is built.
     random.random(), np.random.rand(), torch.rand(3)
-    c = _fresh_trainer(tiny_tokenizer)
+    c = _fresh_trainer(tiny_tokenizer, cfg)
     extra = load_checkpoint(c, path)
     assert extra == {"reward_ema": 0.25}
     assert c.iteration == 1
@@ -69,7 +79,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_pat
     assert c.iteration == a.iteration == 3
     assert c.kl_ctl.state_dict() == a.kl_ctl.state_dict()
     _assert_same_weights(c.m.policy, a.m.policy)
-    _assert_same_weights(c.m.value, a.m.value)
+    _assert_same_weights(c.critic.module, a.critic.module)
+    assert c.extra_state() == a.extra_state()
     sa, sc = a.optimizer.state_dict(), c.optimizer.state_dict()
     assert sa["param_groups"] == sc["param_groups"]
     for pid in sa["state"]:
@@ -79,7 +90,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_pat
     assert (c.sampler.order, c.sampler.pos) == (a.sampler.order, a.sampler.pos)
 
     # Control: without the checkpoint, a fresh trainer does not reproduce iterations 2 and 3.
-    assert _stats(_fresh_trainer(tiny_tokenizer), 2) != a_stats[1:]
+    assert _stats(_fresh_trainer(tiny_tokenizer, cfg), 2) != a_stats[1:]
 
 
 def test_global_rngs_are_restored(tiny_tokenizer, tmp_path):

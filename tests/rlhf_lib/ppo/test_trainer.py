@@ -92,7 +92,7 @@ def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_token
 
     def nan_score(ro):
         real_score(ro)
-        ro.scores = ro.scores * float("nan")  # a broken reward model
+        ro.raw_scores = ro.raw_scores * float("nan")  # a broken reward model
 
     trainer.score = nan_score
     _, stats = trainer.step()

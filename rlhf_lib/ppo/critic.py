@@ -1,0 +1,140 @@
+"""The value function of RLHF-PPO in its three forms, behind one interface the loop uses.
+
+- separate: a scalar-head model of its own (initialised from the reward model or from SFT; InstructGPT and the
+  N+ implementation details use the RM), with its own forward and backward in every update.
+- shared: a linear value head on the policy's final hidden states, trained through the policy's backbone
+  (one forward gives log-probs and values; "The 37 Implementation Details of PPO", shared network, and TRL's
+  `AutoModelForCausalLMWithValueHead`).
+- none: the critic-free estimators (grpo, rloo) load and train no value function at all.
+
+Notation: B = batch, P = prompt length, R = response length, H = hidden size, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor, nn
+
+from rlhf_lib.ppo.losses import entropy_from_logits
+from rlhf_lib.ppo.scoring import (
+    concat,
+    gather_logprobs,
+    keep_last,
+    position_ids,
+    response_logits,
+    token_values,
+)
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel
+
+CriticKind = Literal["separate", "shared", "none"]
+
+
+class ValueHead(nn.Module):
+    """V(s) = w . h + b on a hidden state. Zero-initialised: the critic starts by predicting 0 everywhere, which
+    with RM offset normalisation is the expected return of an SFT sample (so the first advantages are not noise
+    from a random head). Shape: (..., H) -> (...)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability to 0. With dropout on, the log-probs of the update's forward would not match
+    those of the rollout even before any step, so the PPO ratio starts != 1 and the KL is noise (N+ implementation
+    details, "disable dropout"; TRL does the same to all four models)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "attention_dropout", "dropout"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
+@dataclass
+class Critic:
+    """`module` holds exactly the critic's own trainable parameters (the value model, the head, or nothing):
+    it is what the optimizer's critic group trains and what a checkpoint saves."""
+
+    kind: CriticKind
+    module: nn.Module
+
+    @classmethod
+    def build(cls, kind: CriticKind, policy: PreTrainedModel, value_model: PreTrainedModel | None) -> Critic:
+        if kind == "separate":
+            if value_model is None:
+                raise ValueError("ppo.critic=separate needs a value model")
+            return cls(kind, value_model)
+        if kind == "shared":
+            return cls(kind, ValueHead(policy.config.hidden_size))
+        return cls("none", nn.Module())
+
+    @property
+    def trains(self) -> bool:
+        return self.kind != "none"
+
+    def values(self, policy: PreTrainedModel, query: Tensor, query_mask: Tensor, response: Tensor,
+               response_mask: Tensor) -> Tensor | None:
+        """V(state before each response token), for the rollout. Shape: (B, R), 0 on padding; None without critic."""
+        if self.kind == "separate":
+            return token_values(self.module, query, query_mask, response, response_mask)
+        if self.kind == "shared":
+            return _shared_forward(policy, self.module, query, query_mask, response, response_mask, 1.0,
+                                   train_backbone=False)[2]
+        return None
+
+    def forward(self, policy: PreTrainedModel, query: Tensor, query_mask: Tensor, response: Tensor,
+                response_mask: Tensor, temperature: float, train_policy: bool, entropy_grad: bool = True
+                ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """The update's forward: (log-probs, entropy, values), each (B, R) and 0 on padding.
+
+        Without `train_policy` (critic warm-up) the policy's log-probs are not computed (None) and a shared
+        backbone runs without gradient: only the critic's own parameters learn. Without `entropy_grad` the entropy
+        is computed from detached logits (logged only: its (B, R, V) softmax stays out of the backward pass).
+        """
+        if self.kind == "shared":
+            return _shared_forward(policy, self.module, query, query_mask, response, response_mask, temperature,
+                                   train_backbone=train_policy, entropy_grad=entropy_grad)
+        logprobs = entropy = None
+        if train_policy:
+            logits = response_logits(policy, query, query_mask, response, response_mask, temperature)
+            logprobs, entropy = _logprobs_entropy(logits, response, response_mask, entropy_grad)
+        values = self.values(policy, query, query_mask, response, response_mask)
+        return logprobs, entropy, values
+
+
+def _shared_forward(policy: PreTrainedModel, head: ValueHead, query: Tensor, query_mask: Tensor, response: Tensor,
+                    response_mask: Tensor, temperature: float, train_backbone: bool, entropy_grad: bool = True
+                    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
+    """One policy forward for log-probs, entropy and values. Position P-1+t predicts response token t, so its
+    final hidden state is the state V(s_t) is read from; only those R positions are projected to the vocabulary."""
+    ids, mask = concat(query, query_mask, response, response_mask)
+    p, r = query.shape[1], response.shape[1]
+    with torch.set_grad_enabled(train_backbone and torch.is_grad_enabled()):
+        out = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=True,
+                     **keep_last(policy, r + 1))
+    m = response_mask.to(torch.float32)
+    values = head(out.hidden_states[-1][:, p - 1 : p + r - 1]) * m  # (B, R, H) -> (B, R)
+    if not train_backbone:
+        return None, None, values
+    logits = out.logits[:, -(r + 1) : -1].float() / temperature  # (B, R, V)
+    return (*_logprobs_entropy(logits, response, response_mask, entropy_grad), values)
+
+
+def _logprobs_entropy(logits: Tensor, response: Tensor, response_mask: Tensor, entropy_grad: bool
+                      ) -> tuple[Tensor, Tensor]:
+    """Shapes: logits (B, R, V), response, response_mask (B, R) -> log-probs (B, R), entropy (B, R); 0 on padding."""
+    m = response_mask.to(logits.dtype)
+    entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return gather_logprobs(logits, response) * m, entropy * m
