@@ -167,6 +167,18 @@ def log_dataset(run: StageRun, rows: list[dict], source: str, name: str, context
     """Record a data set as an input of `run` (MLflow's Datasets panel), with its source and digest."""
     with warnings.catch_warnings():  # a file:// source matches two equivalent source classes; either is right
         warnings.simplefilter("ignore", UserWarning)
-        ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=source, name=name, digest=digest[:36])
+        ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=_dataset_source(source), name=name,
+                                     digest=digest[:36])
     tags = [InputTag("mlflow.data.context", context)]
     run.client.log_inputs(run.run_id, [DatasetInput(ds._to_mlflow_entity(), tags)])
+
+
+def _dataset_source(uri: str):
+    """A source MLflow can record. A server that proxies artifacts hands out `mlflow-artifacts:/...` URIs, which no
+    dataset-source class resolves; the same file is served over HTTP by the tracking server, so record that URL."""
+    if not uri.startswith("mlflow-artifacts:"):
+        return uri
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
+
+    path = uri.split(":", 1)[1].lstrip("/")
+    return HTTPDatasetSource(f"{mlflow.get_tracking_uri().rstrip('/')}/api/2.0/mlflow-artifacts/artifacts/{path}")

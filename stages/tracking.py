@@ -175,30 +175,44 @@ class StageRun:
             self.client.log_batch(self.run_id, metrics=chunk)
             del self._pending[: len(chunk)]
 
+    def _retrying(self, what: str, fn, *args, **kwargs):
+        """Call an MLflow write, retrying a failure with backoff (`RETRY_DELAYS_S`, on top of the client's own HTTP
+        retries) before giving up: a server restarting mid-run costs a pause, not the run."""
+        for delay in (*RETRY_DELAYS_S, None):
+            try:
+                return fn(*args, **kwargs)
+            except _TRANSIENT as e:
+                if delay is None:
+                    raise
+                _log.warning("MLflow %s for run %s failed, retrying in %s s: %s", what, self.run_id, delay, e)
+                time.sleep(delay)
+
     def log_params(self, params: dict[str, Any]) -> None:
         items = [Param(k, redact(k, v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 90):
-            self.client.log_batch(self.run_id, params=items[i : i + 90])
+            self._retrying("log_params", self.client.log_batch, self.run_id, params=items[i : i + 90])
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self.client.log_batch(self.run_id, tags=[RunTag(k, redact(k, v)) for k, v in tags.items()])
+        self._retrying("set_tags", self.client.log_batch, self.run_id,
+                       tags=[RunTag(k, redact(k, v)) for k, v in tags.items()])
 
     def log_dir(self, local_dir: Path, artifact_path: str) -> None:
-        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+        self._retrying("log_artifacts", self.client.log_artifacts, self.run_id, str(local_dir), artifact_path)
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:
-        self.client.log_dict(self.run_id, obj, artifact_file)
+        self._retrying("log_dict", self.client.log_dict, self.run_id, obj, artifact_file)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self._retrying("log_text", self.client.log_text, self.run_id, text, artifact_file)
 
     def log_table(self, rows: list[dict], artifact_file: str) -> None:
         import pandas as pd
 
-        mlflow.log_table(pd.DataFrame(rows), artifact_file=artifact_file, run_id=self.run_id)
+        self._retrying("log_table", mlflow.log_table, pd.DataFrame(rows), artifact_file=artifact_file,
+                       run_id=self.run_id)
 
     def finish(self, status: str = "FINISHED") -> None:
-        self.client.set_terminated(self.run_id, status)
+        self._retrying("set_terminated", self.client.set_terminated, self.run_id, status)
 
 
 def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:

@@ -65,10 +65,14 @@ def disable_dropout(model: nn.Module) -> None:
 @dataclass
 class Critic:
     """`module` holds exactly the critic's own trainable parameters (the value model, the head, or nothing):
-    it is what the optimizer's critic group trains and what a checkpoint saves."""
+    it is what the optimizer's critic group trains and what a checkpoint saves. `offset` is subtracted from a
+    separate value model's output: a value model copied from the RM starts out predicting raw RM scores, so it
+    gets the same offset as the scores (the N+ implementation details normalise the RM's bias before copying it).
+    """
 
     kind: CriticKind
     module: nn.Module
+    offset: float = 0.0
 
     @classmethod
     def build(cls, kind: CriticKind, policy: PreTrainedModel, value_model: PreTrainedModel | None) -> Critic:
@@ -88,7 +92,8 @@ class Critic:
                response_mask: Tensor) -> Tensor | None:
         """V(state before each response token), for the rollout. Shape: (B, R), 0 on padding; None without critic."""
         if self.kind == "separate":
-            return token_values(self.module, query, query_mask, response, response_mask)
+            values = token_values(self.module, query, query_mask, response, response_mask)
+            return (values - self.offset) * response_mask.to(values.dtype) if self.offset else values
         if self.kind == "shared":
             return _shared_forward(policy, self.module, query, query_mask, response, response_mask, 1.0,
                                    train_backbone=False)[2]

@@ -96,12 +96,17 @@ class PPOTrainer:
     def score(self, ro: Rollout) -> None:
         t0 = time.perf_counter()
         if self.rm_offset is None:
-            self.rm_offset = self._rm_offset()
+            self._set_rm_offset(self._rm_offset())
         args = (ro.query, ro.query_mask, ro.response, ro.response_mask)
         ro.ref_logprobs, _ = response_logprobs(self.m.ref, *args, temperature=self.cfg.temperature)
         ro.values = self.critic.values(self.m.policy, *args)
         ro.raw_scores = sequence_scores(self.m.reward, *concat(*args))
         self.timings["score_s"] = time.perf_counter() - t0
+
+    def _set_rm_offset(self, offset: float | None) -> None:
+        self.rm_offset = offset
+        if self.critic.kind == "separate" and self.cfg.value_init == "reward":
+            self.critic.offset = offset or 0.0
 
     def _rm_offset(self) -> float:
         """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean raw score of
@@ -208,7 +213,7 @@ class PPOTrainer:
                 "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.rm_offset = state["rm_offset"]
+        self._set_rm_offset(state["rm_offset"])
         if self.reward_moments is not None:
             self.reward_moments.load_state_dict(state["reward_moments"])
 

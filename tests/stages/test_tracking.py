@@ -16,11 +16,11 @@ class FlakyClient:
         self.failures = failures
         self.stored: list[tuple[str, int, float]] = []
 
-    def log_batch(self, run_id, metrics=()):
+    def log_batch(self, run_id, metrics=(), tags=()):
         if self.failures:
             self.failures -= 1
             raise MlflowException("connection refused")
-        self.stored += [(m.key, m.step, m.value) for m in metrics]
+        self.stored += [(m.key, m.step, m.value) for m in metrics] + [(t.key, -1, t.value) for t in tags]
 
 
 def _run(client) -> StageRun:
@@ -47,6 +47,15 @@ def test_a_store_that_stays_down_fails_the_flush(monkeypatch):
     with pytest.raises(MlflowException):
         run.flush()
     assert len(run._pending) == 1  # still buffered, never silently dropped
+
+
+def test_other_writes_are_retried_with_backoff_then_fail_loudly(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS_S", (0, 0))
+    client = FlakyClient(failures=2)
+    _run(client).set_tags({"rlhf.alarm.kl_blowup": "iteration 3"})  # 2 failures, 3rd try lands
+    assert client.stored == [("rlhf.alarm.kl_blowup", -1, "iteration 3")]
+    with pytest.raises(MlflowException):
+        _run(FlakyClient(failures=3)).set_tags({"a": "b"})  # 1 try + 2 retries, all failing
 
 
 def test_credentials_never_reach_params_or_tags():

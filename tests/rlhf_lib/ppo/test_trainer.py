@@ -109,3 +109,26 @@ def test_one_good_iteration_resets_the_refusal_count(tiny_tokenizer, tiny_policy
     trainer._guard(0)
     trainer._guard(CFG.epochs * CFG.minibatches)  # 1 in a row again: no error
     assert trainer.refused_streak == 1
+
+
+def test_rm_offset_centres_sft_scores_and_shifts_a_value_model_copied_from_the_rm(tiny_tokenizer, tiny_policy):
+    cfg = CFG.model_copy(update={"rm_offset_samples": 64, "batch_size": 64, "minibatches": 4})
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    ro = trainer.rollout()
+    trainer.score(ro)
+    trainer.advantages(ro)
+    assert trainer.rm_offset != 0.0
+    assert trainer.critic.offset == trainer.rm_offset
+    # The policy is still SFT: its shaped scores average ~0 (64 fresh samples vs the offset's 64).
+    assert abs(float(ro.scores.mean())) < 0.5 * float(ro.raw_scores.abs().mean())
+    torch.testing.assert_close(ro.scores, ro.raw_scores - trainer.rm_offset)
+
+
+def test_critic_free_rollouts_repeat_each_prompt_group_size_times(tiny_tokenizer, tiny_policy):
+    cfg = CFG.model_copy(update={"advantage_estimator": "grpo", "group_size": 4, "rm_offset_samples": 0})
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    assert trainer.critic.kind == "none" and len(trainer.optimizer.param_groups) == 1
+    ro, stats = trainer.step()
+    assert ro.prompts[:4] == [ro.prompts[0]] * 4 and ro.prompts[4:] == [ro.prompts[4]] * 4
+    assert ro.values is None and "value/explained_variance" not in stats
+    assert all(math.isfinite(v) for v in stats.values()), stats
