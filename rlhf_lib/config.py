@@ -126,6 +126,12 @@ class PPOConfig(_Section):
     ptx_coef: float = Field(0.0, ge=0, description="PPO-ptx (InstructGPT): weight of the SFT loss on "
                             "demonstrations mixed into every update step; 0 = off.")
     ptx_batch_size: int = Field(8, ge=1, description="PPO-ptx: demonstrations per update step.")
+    lora: bool = Field(False, description="Train LoRA adapters (peft) on the policy instead of all its weights; the "
+                       "reference is then the policy with its adapters disabled, so no second copy is loaded.")
+    lora_r: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r).")
+    lora_target_modules: list[str] | None = Field(None, description="Module names that get adapters; null = peft's "
+                                                  "default for the architecture (GPT-2: c_attn).")
     max_refused_iterations: int = Field(3, ge=1, description="Fail the stage after this many iterations in a row "
                                         "whose every update step was refused for a non-finite loss or gradient.")
     sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")

@@ -67,10 +67,11 @@ def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
 
 
 def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT, the frozen reward model, and the critic the config asks for: a value
-    model initialised from the RM (InstructGPT) or from SFT, or none (a shared value head, grpo, rloo)."""
+    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model, and the critic
+    the config asks for: a value model initialised from the RM (InstructGPT) or from SFT, or none (a shared value
+    head, grpo, rloo)."""
     policy, tokenizer = load_causal_lm(sft_dir)
-    ref = copy.deepcopy(policy)
+    ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
     value = None
     if cfg.ppo.has_critic and cfg.ppo.critic == "separate":
         value = load_scalar(reward_dir) if cfg.ppo.value_init == "reward" else build_scalar_model(policy)
@@ -93,7 +94,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
             get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
         judge = gold_score if has_judge(data_dir) else None
         ppo_loop(trainer, run, cfg.ppo.iterations, judge)
-        save_model(models.policy, models.tokenizer, out_dir)
+        save_model(trainer.export_policy(), models.tokenizer, out_dir)
     return build
 
 

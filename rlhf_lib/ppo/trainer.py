@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,7 @@ from rlhf_lib.models import freeze
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
+from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
 from rlhf_lib.ppo.masked import masked_mean, masked_whiten
 from rlhf_lib.ppo.metrics import UPDATE_METRICS, explained_variance, spread
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
@@ -32,6 +33,9 @@ from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
 from rlhf_lib.ppo.shaping import RunningMoments, shape_scores, truncate_after_eos
 from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import ppo_epochs
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel
 
 
 class PPOTrainer:
@@ -43,12 +47,20 @@ class PPOTrainer:
         for model in (models.policy, models.ref, models.reward, models.value):
             if model is not None:
                 disable_dropout(model)
-        freeze(models.ref)
-        freeze(models.reward)
+        # LoRA: the reference is the policy with its adapters off, so no copy of it is kept (or needed).
+        self.peft = add_lora(models.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) if cfg.lora else None
+        if self.peft is None and models.ref is None:
+            raise ValueError("PPO without ppo.lora needs a reference model")
+        if self.peft is not None:
+            models.ref = None
+        for frozen in (models.ref, models.reward):
+            if frozen is not None:
+                freeze(frozen)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        groups = [{"params": list(models.policy.parameters()), "lr": cfg.lr, "name": "policy"}]
+        groups = [{"params": [p for p in models.policy.parameters() if p.requires_grad], "lr": cfg.lr,
+                   "name": "policy"}]
         if self.critic.trains:
             groups.append({"params": list(self.critic.module.parameters()), "lr": cfg.value_lr or cfg.lr,
                            "name": "value"})
@@ -98,10 +110,20 @@ class PPOTrainer:
         if self.rm_offset is None:
             self._set_rm_offset(self._rm_offset())
         args = (ro.query, ro.query_mask, ro.response, ro.response_mask)
-        ro.ref_logprobs, _ = response_logprobs(self.m.ref, *args, temperature=self.cfg.temperature)
+        with adapters_off(self.peft):
+            ro.ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
         ro.values = self.critic.values(self.m.policy, *args)
         ro.raw_scores = sequence_scores(self.m.reward, *concat(*args))
         self.timings["score_s"] = time.perf_counter() - t0
+
+    @property
+    def reference(self) -> PreTrainedModel:
+        """The frozen reference: its own model, or (LoRA) the policy, to be called inside `adapters_off`."""
+        return self.m.policy if self.peft is not None else self.m.ref
+
+    def export_policy(self) -> PreTrainedModel:
+        """The trained policy as a plain transformers model (LoRA adapters merged in) for saving and registering."""
+        return merged_copy(self.peft) if self.peft is not None else self.m.policy
 
     def _set_rm_offset(self, offset: float | None) -> None:
         self.rm_offset = offset
@@ -118,10 +140,11 @@ class PPOTrainer:
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
             query, query_mask = encode_prompts(tok, prompts[i : i + c.batch_size], self.max_prompt_tokens)
-            response, response_mask, _ = sample(
-                self.m.ref, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
-            )
+            with adapters_off(self.peft):
+                response, response_mask, _ = sample(
+                    self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
+                )
             total += float(sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask)).sum())
         return total / len(prompts)
 

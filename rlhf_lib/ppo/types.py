@@ -68,11 +68,12 @@ class Rollout:
 
 @dataclass
 class PPOModels:
-    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train. `value` is None
+    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train. `ref` is None with
+    LoRA (the policy with its adapters off is the reference). `value` is None
     when the critic is a head on the policy (ppo.critic=shared) or there is none (grpo, rloo)."""
 
     policy: PreTrainedModel
-    ref: PreTrainedModel
+    ref: PreTrainedModel | None
     reward: PreTrainedModel
     value: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase

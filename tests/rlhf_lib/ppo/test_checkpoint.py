@@ -27,6 +27,7 @@ CFGS = {
     "shared": CFG.model_copy(update=dict(critic="shared", critic_warmup=1, whiten_rewards=True, rm_offset_samples=12,
                                          lr_schedule="linear", iterations=4, gradient_accumulation_steps=3)),
     "rloo": CFG.model_copy(update=dict(advantage_estimator="rloo", group_size=3, missing_eos_penalty=1.0)),
+    "lora": CFG.model_copy(update=dict(lora=True, lora_r=2, lr=1e-2)),
 }
 
 
