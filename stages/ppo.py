@@ -16,8 +16,8 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
-from rlhf_lib.models import build_scalar_model
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
 from rlhf_lib.ppo.rollout import decode_responses
