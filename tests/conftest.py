@@ -14,6 +14,8 @@ os.environ["PREFECT_HOME"] = str(_SESSION_TMP / "prefect")
 # Prefect's result storage in a temporary folder, or cache hits leak between test sessions.
 os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = str(_SESSION_TMP / "prefect-results")
 os.environ["PREFECT_UI_ENABLED"] = "false"
+# A loaded CI machine can take longer than the default 20 s to start the in-process Prefect server.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
 os.environ["RLHF_HOME"] = str(_SESSION_TMP / "rlhf-home")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
