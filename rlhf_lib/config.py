@@ -7,9 +7,11 @@ number of pairs per ranked list, ...) are computed where they are used, never se
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from rlhf_lib.ppo.vllm_engine import require_engine
 
 
 class _Section(BaseModel):
@@ -112,6 +114,9 @@ class PPOConfig(_Section):
     alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
     stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
                                 "last completed iteration is registered.")
+    rollout_engine: Annotated[Literal["hf", "vllm"], AfterValidator(require_engine)] = Field(
+        "hf", description="Rollout generator: hf (our sampling loop, log-probs from the sampling step) or vllm "
+        "(GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> "PPOConfig":
