@@ -7,9 +7,11 @@ number of pairs per ranked list, ...) are computed where they are used, never se
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from rlhf_lib.ppo.vllm_engine import require_engine
 
 
 class _Section(BaseModel):
@@ -152,6 +154,9 @@ class PPOConfig(_Section):
     alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
     stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
                                 "last completed iteration is registered.")
+    rollout_engine: Annotated[Literal["hf", "vllm"], AfterValidator(require_engine)] = Field(
+        "hf", description="Rollout generator: hf (our sampling loop, log-probs from the sampling step) or vllm "
+        "(GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
 
     @model_validator(mode="after")
     def _sizes_divide(self) -> "PPOConfig":
@@ -183,6 +188,21 @@ class EvalConfig(_Section):
     seed: int = Field(1234, description="Seed of held-out sampling (the same for SFT and policy).")
 
 
+class ResourcesConfig(_Section):
+    """How the supervised stages (SFT, reward model) train: processes, Accelerate config, precision."""
+
+    num_processes: int = Field(1, ge=1, description="Training processes of SFT and RM. 1 trains in the stage's own "
+                               "process; more launch `accelerate launch` (one process per GPU, or gloo CPU processes).")
+    accelerate_config: str | None = Field(
+        None, description="Accelerate config file (DDP, FSDP, DeepSpeed) used when num_processes > 1; a relative "
+        "path is looked up in the working directory, then in the project's configs/accelerate/. Null: ddp.yaml "
+        "with a GPU, cpu_gloo.yaml without.")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no", description="Autocast precision of SFT and RM training (fp16 needs a GPU); weights stay float32.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass of SFT "
+                                         "and RM training: less memory, one more forward pass per step.")
+
+
 class PipelineConfig(_Section):
     """The whole pipeline: the Prefect flow's parameter and the CLI's config."""
 
@@ -193,6 +213,7 @@ class PipelineConfig(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads, set once per process.")
 
     @model_validator(mode="after")

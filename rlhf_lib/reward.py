@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.data.records import PairExample, RankedExample
+from rlhf_lib.distributed import Distributed
 from rlhf_lib.ppo.scoring import sequence_scores
 from rlhf_lib.training import (
     adamw_with_linear_schedule,
     n_batches,
-    optimizer_step,
     seed_everything,
     shuffled_batches,
 )
@@ -54,8 +54,9 @@ def bradley_terry_loss(
     margin = scores[better] - scores[worse]
     per_pair = -F.logsigmoid(margin)
     n_lists = int(list_of_pair.max()) + 1
-    per_list = torch.zeros(n_lists, dtype=scores.dtype).index_add_(0, list_of_pair, per_pair)
-    counts = torch.zeros(n_lists, dtype=scores.dtype).index_add_(0, list_of_pair, torch.ones_like(per_pair))
+    zeros = torch.zeros(n_lists, dtype=scores.dtype, device=scores.device)
+    per_list = zeros.index_add(0, list_of_pair, per_pair)
+    counts = zeros.index_add(0, list_of_pair, torch.ones_like(per_pair))
     loss = (per_list / counts).mean()
     return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
                   "margin": float(margin.detach().mean())}
@@ -66,33 +67,56 @@ def _encode(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: i
     return pad_right(rows, tokenizer.pad_token_id)
 
 
+def training_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`sequence_scores` through the model's own forward, as training needs: a DDP/FSDP/DeepSpeed wrapper only
+    syncs gradients of calls that go through it. Valid for right-padded rows: the `*ForSequenceClassification`
+    head pools at the rightmost non-PAD token, which is the last real token since PAD never occurs in text.
+    Shape: (B, T) -> (B,)."""
+    return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)
+
+
+def _pair_index(batch: Sequence[RankedExample], device: torch.device):
+    """(better, worse, list_of_pair) of every pair of every list of `batch`, on `device`."""
+    better, worse = ranked_pairs([len(e.responses) for e in batch])
+    list_of_pair = torch.cat([torch.full((len(e.responses) * (len(e.responses) - 1) // 2,), i)
+                              for i, e in enumerate(batch)])
+    return better.to(device), worse.to(device), list_of_pair.to(device)
+
+
 def train_reward_model(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[RankedExample],
     cfg: RewardConfig,
     log: LogFn | None = None,
+    dist: Distributed | None = None,
 ) -> dict[str, float]:
-    """Train `model` (a `*ForSequenceClassification` with one label) in place on ranked lists."""
+    """Train `model` (a `*ForSequenceClassification` with one label) in place on ranked lists. Under
+    `accelerate launch` each process takes a slice of the lists of every global batch; the loss is still the
+    mean over the batch's lists, and accuracy and margin are pooled over all its pairs."""
     seed_everything(cfg.seed)
+    dist = dist or Distributed()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    model, opt = dist.prepare(model, opt)
     model.train()
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
-        ids, mask = _encode(tokenizer, [(e.prompt, r) for e in batch for r in e.responses], cfg.max_length)
-        better, worse = ranked_pairs([len(e.responses) for e in batch])
-        list_of_pair = torch.cat([torch.full((len(e.responses) * (len(e.responses) - 1) // 2,), i)
-                                  for i, e in enumerate(batch)])
-        loss, stats = bradley_terry_loss(sequence_scores(model, ids, mask), better, worse, list_of_pair)
-        grad_norm = optimizer_step(loss, model.parameters(), opt, sched, 1.0, "reward-model", step)
+        mb, real = dist.shard(batch)
+        ids, mask = _encode(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
+        scores = training_scores(model, ids.to(dist.device), mask.to(dist.device))
+        loss, stats = bradley_terry_loss(scores, *_pair_index(mb, dist.device))
+        loss, _ = dist.global_share(loss, float(len(mb)) if real else 0.0, scores)
+        loss_value, grad_norm = dist.step(loss, opt, sched, 1.0, "reward-model", step)
+        n_pairs = sum(len(e.responses) * (len(e.responses) - 1) // 2 for e in mb) if real else 0
+        stats = dist.pooled({"accuracy": stats["accuracy"], "margin": stats["margin"]}, n_pairs)
         acc_ema = stats["accuracy"] if acc_ema is None else 0.9 * acc_ema + 0.1 * stats["accuracy"]
-        if log:
-            log(step, {"reward/loss": stats["loss"], "reward/train_accuracy": stats["accuracy"],
+        if log and dist.is_main:
+            log(step, {"reward/loss": loss_value, "reward/train_accuracy": stats["accuracy"],
                        "reward/train_accuracy_ema": acc_ema, "reward/margin": stats["margin"],
-                       "reward/grad_norm": float(grad_norm), "reward/lr": sched.get_last_lr()[0],
+                       "reward/grad_norm": grad_norm, "reward/lr": sched.get_last_lr()[0],
                        "reward/epoch": float(epoch)})
-    model.eval()
+    dist.finish()
     return {"reward/train_accuracy_ema": float(acc_ema or 0.0), "reward/steps": float(total)}
 
 

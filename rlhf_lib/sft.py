@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from rlhf_lib.config import SFTConfig
 from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.data.records import SFTExample
+from rlhf_lib.distributed import Distributed
 from rlhf_lib.training import (
     adamw_with_linear_schedule,
     n_batches,
-    optimizer_step,
     seed_everything,
     shuffled_batches,
 )
@@ -42,23 +42,30 @@ def train_sft(
     examples: Sequence[SFTExample],
     cfg: SFTConfig,
     log: LogFn | None = None,
+    dist: Distributed | None = None,
 ) -> dict[str, float]:
-    """Fine-tune `model` in place. Calls `log(step, metrics)` every step; returns the final metrics."""
+    """Fine-tune `model` in place. Calls `log(step, metrics)` every step (on the main process); returns the final
+    metrics. Under `accelerate launch` each process trains on its slice of every global batch of
+    `cfg.batch_size` demonstrations, and the loss is the mean over all the batch's response tokens, as with one
+    process (see `rlhf_lib.distributed`)."""
     seed_everything(cfg.seed)
+    dist = dist or Distributed()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    model, opt = dist.prepare(model, opt)
     model.train()
     ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
-        b = sft_batch(tokenizer, [e.prompt for e in batch], [e.response for e in batch], cfg.max_length)
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # (B, T, V)
+        mb, real = dist.shard(batch)
+        b = dist.to_device(sft_batch(tokenizer, [e.prompt for e in mb], [e.response for e in mb], cfg.max_length))
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # (b, T, V)
         loss, stats = response_lm_loss(logits, b["labels"])
-        grad_norm = optimizer_step(loss, model.parameters(), opt, sched, 1.0, "SFT", step)
-        ema = stats["loss"] if ema is None else 0.9 * ema + 0.1 * stats["loss"]
-        metrics = {"sft/loss": stats["loss"], "sft/loss_ema": ema, "sft/grad_norm": float(grad_norm),
+        loss, _ = dist.global_share(loss, stats["tokens"] if real else 0.0, logits)
+        loss_value, grad_norm = dist.step(loss, opt, sched, 1.0, "SFT", step)
+        ema = loss_value if ema is None else 0.9 * ema + 0.1 * loss_value
+        metrics = {"sft/loss": loss_value, "sft/loss_ema": ema, "sft/grad_norm": grad_norm,
                    "sft/lr": sched.get_last_lr()[0], "sft/epoch": float(epoch)}
-        if log:
+        if log and dist.is_main:
             log(step, metrics)
-    model.eval()
+    dist.finish()
     return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}
-

@@ -1,4 +1,5 @@
-"""Pieces shared by the supervised stages: seeding, optimizer with a linear schedule, batching."""
+"""Pieces shared by the supervised stages: seeding, optimizer with a linear schedule, batching. The step itself
+(backward, clip, update) is `rlhf_lib.distributed.Distributed.step`, which also runs under `accelerate launch`."""
 
 from __future__ import annotations
 
@@ -46,18 +47,3 @@ def shuffled_batches(items: Sequence[T], batch_size: int, epochs: int, seed: int
 
 def n_batches(n_items: int, batch_size: int, epochs: int) -> int:
     return epochs * math.ceil(n_items / batch_size)
-
-
-def optimizer_step(
-    loss: torch.Tensor, params, optimizer: torch.optim.Optimizer, scheduler, max_norm: float, what: str, step: int
-) -> float:
-    """Backward, global-norm clip, step. A non-finite loss raises before it can touch the weights."""
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"{what} loss is {float(loss)} at step {step}")
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    optimizer.step()
-    if scheduler is not None:
-        scheduler.step()
-    return float(grad_norm)

@@ -23,7 +23,8 @@ from stages.tracking import dir_digest, download, manifest_digest, verify_manife
 
 # The modules whose source each stage's output depends on (a package means all its modules). Over-listing only
 # costs a rerun; under-listing would reuse a stale artifact, so when in doubt a module is listed.
-_TRAIN = ["rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "stages.models_io"]
+_TRAIN = ["rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "rlhf_lib.distributed", "stages.models_io",
+          "stages.launch"]
 STAGE_CODE: dict[str, list[str]] = {
     "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "stages.data"],
     "sft": ["rlhf_lib.sft", *_TRAIN, "stages.sft"],

@@ -10,10 +10,11 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.models import build_policy, build_scalar_model
-from rlhf_lib.reward import pairwise_accuracy, train_reward_model
+from rlhf_lib.reward import pairwise_accuracy
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
+from stages.launch import numerics_section, train_supervised
 from stages.models_io import fit_length, load_causal_lm, save_model
 from stages.tracking import StageRun, download
 
@@ -32,7 +33,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
                     f"{data.artifact_uri}/{FILE_NAMES['preferences']}", "demo-preferences", "training",
                     file_digest(data_dir, "preferences"))
         rcfg = cfg.reward.model_copy(update={"max_length": fit_length(cfg.reward.max_length, model)})
-        final = train_reward_model(model, tokenizer, examples, rcfg, log=lambda step, mets: run.log_metrics(mets, step))
+        model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
+                                        lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         final["reward/heldout_accuracy"] = pairwise_accuracy(model, tokenizer, pairs, rcfg.max_length)
         run.log_metrics(final, step=0)
@@ -47,6 +49,7 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     sft_dir = download(sft.artifact_uri)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false).
-    section = {"reward": config.reward.model_dump(), "model": config.model.model_dump()}
+    section = {"reward": config.reward.model_dump(), "model": config.model.model_dump(),
+               **numerics_section(config.resources)}
     result, _ = run_cached(ctx, "reward", section, {"sft": sft}, fingerprint, _build(config, data_dir, data, sft_dir))
     return as_state(result)

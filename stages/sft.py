@@ -11,10 +11,10 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_ranked, read_sft
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.models import build_policy, count_parameters, load_tokenizer, train_tokenizer
-from rlhf_lib.sft import train_sft
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest
+from stages.launch import numerics_section, train_supervised
 from stages.models_io import fit_length, save_model
 from stages.tracking import StageRun, download
 
@@ -44,7 +44,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
                     "demo-sft", "training", file_digest(data_dir, "sft"))
         run.log_params({"model.parameters": count_parameters(model), "model.vocab": len(tokenizer)})
         sft_cfg = cfg.sft.model_copy(update={"max_length": fit_length(cfg.sft.max_length, model)})
-        final = train_sft(model, tokenizer, examples, sft_cfg, log=lambda step, mets: run.log_metrics(mets, step))
+        model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
+                                        lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)
     return build
@@ -54,7 +55,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
     data_dir = download(data.artifact_uri)
-    section = {"model": config.model.model_dump(), "sft": config.sft.model_dump()}
+    section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
     # The tokenizer is trained on these three files, the model on the first.
     fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))
     result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))

@@ -35,3 +35,18 @@ def test_each_list_weighs_the_same():
     loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair)
     assert math.isclose(float(loss), (math.log(2) + math.log1p(math.exp(-1))) / 2, rel_tol=1e-6)
     assert stats["accuracy"] == 0.25
+
+
+def test_training_scores_equal_sequence_scores_on_right_padded_rows(tiny_tokenizer, tiny_policy):
+    # Training goes through the model's own forward (a DDP wrapper syncs only those calls); the head must read the
+    # same last real token as `sequence_scores`, which scoring and evaluation use.
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.ppo.scoring import sequence_scores
+    from rlhf_lib.reward import _encode, training_scores
+
+    rm = build_scalar_model(tiny_policy, seed=0)
+    torch.nn.init.normal_(rm.score.weight)
+    ids, mask = _encode(tiny_tokenizer, [("\n\nHuman: hi\n\nAssistant:", " Sure."),
+                                         ("\n\nHuman: topic 1\n\nAssistant:", " Sure, topic 1 is nice. Thanks!")], 64)
+    assert (mask == 0).any()  # the first row is padded
+    torch.testing.assert_close(training_scores(rm, ids, mask), sequence_scores(rm, ids, mask))

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_lib.distributed import Distributed, shard, share_factor
+
+
+def test_shard_is_contiguous_and_covers_the_batch_once():
+    # B=5 on 2 processes: ceil(5/2)=3 -> [0,1,2] and [3,4]; B=8 on 3: [0,1,2] [3,4,5] [6,7].
+    assert [shard(list(range(5)), r, 2) for r in range(2)] == [([0, 1, 2], True), ([3, 4], True)]
+    assert [shard(list(range(8)), r, 3)[0] for r in range(3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+
+def test_a_process_left_without_items_gets_a_stand_in_that_does_not_count():
+    # The last batch of an epoch can be shorter than the number of processes: B=1 on 2 processes.
+    assert shard(["a"], 0, 2) == (["a"], True)
+    assert shard(["a"], 1, 2) == (["a"], False)
+
+
+def test_shares_average_to_the_global_mean():
+    # Process 0 holds 3 tokens with mean 2.0, process 1 holds 1 token with mean 6.0: global mean (3*2 + 6)/4 = 3.
+    # Shares: 2*3/4 * 2.0 = 3.0 and 2*1/4 * 6.0 = 3.0; DDP averages them: (3 + 3)/2 = 3.
+    shares = [share_factor(3, 4, 2) * 2.0, share_factor(1, 4, 2) * 6.0]
+    assert sum(shares) / 2 == 3.0
+    assert share_factor(5, 5, 1) == 1.0  # one process: the local mean unchanged
+
+
+def test_one_process_is_plain_pytorch(tiny_policy):
+    dist = Distributed()
+    assert (dist.rank, dist.world) == (0, 1)
+    loss = torch.tensor(1.5)
+    share, total = dist.global_share(loss, 7.0, torch.zeros(2))
+    assert share is loss and total == 7.0
+    assert dist.pooled({"accuracy": 0.25}, 4) == {"accuracy": 0.25}
+
+
+def test_a_non_finite_loss_is_refused_before_touching_the_weights(tiny_policy):
+    dist = Distributed()
+    opt = torch.optim.AdamW(tiny_policy.parameters(), lr=1.0)
+    model, opt = dist.prepare(tiny_policy, opt)
+    before = [p.detach().clone() for p in model.parameters()]
+    logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    with pytest.raises(FloatingPointError, match="SFT loss is nan at step 3"):
+        dist.step(logits.sum() * math.nan, opt, None, 1.0, "SFT", 3)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_fp16_without_a_gpu_names_the_key():
+    if torch.cuda.is_available():
+        pytest.skip("fp16 is allowed with a GPU")
+    with pytest.raises(ValueError, match="resources.mixed_precision=fp16 needs a CUDA GPU"):
+        Distributed("fp16")
+
+
+def test_bf16_and_gradient_checkpointing_train_in_one_process(tiny_tokenizer, tiny_policy):
+    # A process may train one stage in fp32 and the next in bf16: Accelerate's process-wide state is reset.
+    from rlhf_lib.config import SFTConfig
+    from rlhf_lib.data.records import SFTExample
+    from rlhf_lib.sft import train_sft
+
+    Distributed("no")
+    ex = [SFTExample("\n\nHuman: hi\n\nAssistant:", " Sure, topic 1 is nice.")] * 4
+    dist = Distributed("bf16", gradient_checkpointing=True)
+    final = train_sft(tiny_policy, tiny_tokenizer, ex, SFTConfig(epochs=1, batch_size=2, max_length=32), dist=dist)
+    assert math.isfinite(final["sft/final_loss_ema"]) and final["sft/steps"] == 2
+    assert not tiny_policy.training
+    assert not getattr(tiny_policy, "is_activation_checkpointing", tiny_policy.is_gradient_checkpointing)
+    assert not hasattr(tiny_policy, "_original_forward")  # the autocast wrapper is gone after training
+
+
+def test_prepare_turns_on_checkpointing_and_autocast(tiny_policy):
+    dist = Distributed("bf16", gradient_checkpointing=True)
+    model, _ = dist.prepare(tiny_policy, torch.optim.AdamW(tiny_policy.parameters()))
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    assert hasattr(model, "_original_forward")  # Accelerate's autocast forward

@@ -1,0 +1,85 @@
+"""SFT and RM under `accelerate launch` with 2 CPU processes (gloo) match one process on the same global batches."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from rlhf_lib.config import ResourcesConfig, RewardConfig, SFTConfig
+from rlhf_lib.data.records import RankedExample, SFTExample
+from rlhf_lib.models import build_scalar_model
+from stages.launch import (
+    LaunchError,
+    numerics_section,
+    resolve_config,
+    root_cause,
+    train_supervised,
+)
+
+TWO = ResourcesConfig(num_processes=2, accelerate_config="cpu_gloo.yaml")
+
+
+def _sft_data():
+    # 17 rows in batches of 8: the last batch has 1 row, so the second process trains on a stand-in with weight 0.
+    return [SFTExample(f"\n\nHuman: tell me about topic {i}\n\nAssistant:", " Sure, topic 1 is nice." + " Thanks!" * (i % 3))
+            for i in range(17)], SFTConfig(epochs=2, batch_size=8, max_length=48, lr=3e-3)
+
+
+def _rm_data():
+    # Lists of different K (3 and 2): the per-list mean must still weigh each list the same across processes.
+    rows = [RankedExample(f"\n\nHuman: topic {i}\n\nAssistant:", (" Sure, topic 1 is nice. Thanks!", " Sure.", " no")
+                          [: 3 if i % 2 else 2]) for i in range(9)]
+    return rows, RewardConfig(epochs=2, batch_size=4, max_length=48, lr=3e-3)
+
+
+@pytest.mark.parametrize("kind", ["sft", "reward"])
+def test_two_gloo_processes_match_one(kind, tiny_tokenizer, tiny_policy):
+    model = tiny_policy if kind == "sft" else build_scalar_model(tiny_policy, seed=0)
+    examples, cfg = _sft_data() if kind == "sft" else _rm_data()
+    one, two = [], []
+    m1, f1 = train_supervised(kind, ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg,
+                              lambda s, m: one.append((s, m)))
+    m2, f2 = train_supervised(kind, TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg,
+                              lambda s, m: two.append((s, m)))
+    assert [s for s, _ in one] == [s for s, _ in two] == list(range(int(f1[f"{kind}/steps"])))
+    loss = f"{kind}/loss"
+    for (_, a), (_, b) in zip(one, two):  # the same loss curve, step by step
+        assert b[loss] == pytest.approx(a[loss], rel=1e-5, abs=1e-6)
+        assert b[f"{kind}/grad_norm"] == pytest.approx(a[f"{kind}/grad_norm"], rel=1e-4, abs=1e-6)
+    if kind == "reward":
+        assert [m["reward/train_accuracy"] for _, m in two] == pytest.approx([m["reward/train_accuracy"] for _, m in one])
+    assert f2 == pytest.approx(f1, rel=1e-5)
+    start, w1, w2 = model.state_dict(), m1.state_dict(), m2.state_dict()
+    assert any(not torch.equal(start[k], w1[k]) for k in w1)  # it trained
+    for k in w1:  # the same final weights
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_failing_worker_raises_with_its_stderr(tiny_tokenizer, tiny_policy):
+    # A ranked list with one response has no pair: the workers fail inside the training loop.
+    bad = [RankedExample("\n\nHuman: hi\n\nAssistant:", (" Sure.",))] * 2
+    rm = build_scalar_model(tiny_policy, seed=0)
+    with pytest.raises(LaunchError, match=r"exited with \d+: \[rank\d\]: RuntimeError: max\(\)"):
+        train_supervised("reward", TWO, rm, tiny_tokenizer, bad, RewardConfig(batch_size=2), lambda s, m: None)
+
+
+def test_root_cause_is_the_first_worker_exception():
+    lines = ["[rank1]: Traceback (most recent call last):", "[rank1]: ValueError: bad row 3",
+             "[rank0]: ValueError: bad row 1", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    assert root_cause(lines) == "[rank1]: ValueError: bad row 3"
+    assert root_cause(["ImportError: DeepSpeed is not installed"]) == "ImportError: DeepSpeed is not installed"
+
+
+def test_configs_are_found_and_multi_node_is_refused(tmp_path):
+    assert resolve_config(TWO).name == "cpu_gloo.yaml"
+    with pytest.raises(FileNotFoundError, match="resources.accelerate_config: no file 'nope.yaml'"):
+        resolve_config(ResourcesConfig(num_processes=2, accelerate_config="nope.yaml"))
+    with pytest.raises(ValueError, match="num_machines is 2"):
+        resolve_config(ResourcesConfig(num_processes=2, accelerate_config="ddp_multinode.yaml"))
+
+
+def test_only_mixed_precision_enters_the_cache_key():
+    assert numerics_section(TWO) == {} == numerics_section(ResourcesConfig(gradient_checkpointing=True))
+    assert numerics_section(ResourcesConfig(mixed_precision="bf16")) == {"resources": {"mixed_precision": "bf16"}}
