@@ -92,8 +92,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
         if start:
             get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
+            trainer.sync_engine()
         judge = gold_score if has_judge(data_dir) else None
-        ppo_loop(trainer, run, cfg.ppo.iterations, judge)
+        try:
+            ppo_loop(trainer, run, cfg.ppo.iterations, judge)
+        finally:
+            if trainer.engine is not None:
+                trainer.engine.close()
         save_model(trainer.export_policy(), models.tokenizer, out_dir)
     return build
 

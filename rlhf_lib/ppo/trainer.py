@@ -81,6 +81,12 @@ class PPOTrainer:
         self.iteration = 0
         self.refused_streak = 0
         self.timings: dict[str, float] = {}
+        self.engine = None
+        if cfg.rollout_engine == "vllm":  # GPU only: fails here, at stage start, on a machine without one
+            from rlhf_lib.ppo.vllm_engine import VLLMRollout
+
+            self.engine = VLLMRollout(self.export_policy(), models.tokenizer, max_new_tokens=cfg.max_new_tokens,
+                                      temperature=cfg.temperature, seed=cfg.seed)
 
     # 1. generate ---------------------------------------------------------------------------------------------
     def rollout(self) -> Rollout:
@@ -91,11 +97,19 @@ class PPOTrainer:
         prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
         tok = self.m.tokenizer
         query, query_mask = encode_prompts(tok, prompts, self.max_prompt_tokens)
-        response, response_mask, logprobs = sample(
-            self.m.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
-            stop_at_eos=c.stop_at_eos,
-        )
+        if self.engine is not None:
+            # vLLM's log-probs differ from the trainer's numerics (kernels, precision): PPO's ratio needs the
+            # policy's own, so they are recomputed with one forward (the known engine mismatch).
+            response, response_mask, _ = self.engine.generate(query, query_mask)
+            with torch.inference_mode():
+                logprobs, _ = response_logprobs(self.m.policy, query, query_mask, response, response_mask,
+                                                temperature=c.temperature)
+        else:
+            response, response_mask, logprobs = sample(
+                self.m.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
+                stop_at_eos=c.stop_at_eos,
+            )
         if not c.stop_at_eos:
             response, response_mask, logprobs = truncate_after_eos(
                 response, response_mask, logprobs, tok.eos_token_id, tok.pad_token_id
@@ -120,6 +134,11 @@ class PPOTrainer:
     def reference(self) -> PreTrainedModel:
         """The frozen reference: its own model, or (LoRA) the policy, to be called inside `adapters_off`."""
         return self.m.policy if self.peft is not None else self.m.ref
+
+    def sync_engine(self) -> None:
+        """Load the policy's current weights into the vLLM engine (after each update and after a resume)."""
+        if self.engine is not None:
+            self.engine.sync_weights(self.export_policy())
 
     def export_policy(self) -> PreTrainedModel:
         """The trained policy as a plain transformers model (LoRA adapters merged in) for saving and registering."""
@@ -201,6 +220,7 @@ class PPOTrainer:
         warming_up = self.critic.trains and self.iteration < c.critic_warmup
         s = ppo_epochs(self.m.policy, self.critic, self.optimizer, ro, c, self.generator,
                        train_policy=not warming_up, ptx_batch=self._ptx_batch if c.ptx_coef > 0 else None)
+        self.sync_engine()
         self.timings["update_s"] = time.perf_counter() - t0
         self.iteration += 1
         self._guard(s["refused_steps"])
