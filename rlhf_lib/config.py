@@ -189,16 +189,18 @@ class EvalConfig(_Section):
 
 
 class ResourcesConfig(_Section):
-    """How the supervised stages (SFT, reward model) train: processes, Accelerate config, precision."""
+    """How the training stages (SFT, reward model, PPO) run: processes, Accelerate config, precision."""
 
-    num_processes: int = Field(1, ge=1, description="Training processes of SFT and RM. 1 trains in the stage's own "
-                               "process; more launch `accelerate launch` (one process per GPU, or gloo CPU processes).")
+    num_processes: int = Field(1, ge=1, description="Training processes of SFT, RM and PPO. 1 trains in the stage's "
+                               "own process; more launch `accelerate launch` (SFT and RM: one process per GPU, or gloo "
+                               "CPU processes; PPO: gloo CPU processes).")
     accelerate_config: str | None = Field(
-        None, description="Accelerate config file (DDP, FSDP, DeepSpeed) used when num_processes > 1; a relative "
-        "path is looked up in the working directory, then in the project's configs/accelerate/. Null: ddp.yaml "
-        "with a GPU, cpu_gloo.yaml without.")
+        None, description="Accelerate config file (DDP, FSDP, DeepSpeed) of SFT and RM when num_processes > 1; a "
+        "relative path is looked up in the working directory, then in the project's configs/accelerate/. Null: "
+        "ddp.yaml with a GPU, cpu_gloo.yaml without. PPO always launches with cpu_gloo.yaml.")
     mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        "no", description="Autocast precision of SFT and RM training (fp16 needs a GPU); weights stay float32.")
+        "no", description="Autocast precision of SFT and RM training (fp16 needs a GPU); weights stay float32. PPO "
+        "always runs in float32.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass of SFT "
                                          "and RM training: less memory, one more forward pass per step.")
 

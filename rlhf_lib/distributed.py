@@ -29,8 +29,9 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 or "LOCAL_RANK" in os.environ
 
 
-def make_accelerator(mixed_precision: str = "no") -> Accelerator:
-    """An `Accelerator` on the GPU where there is one, else CPU processes joined by gloo.
+def make_accelerator(mixed_precision: str = "no", cpu: bool = False) -> Accelerator:
+    """An `Accelerator` on the GPU where there is one, else CPU processes joined by gloo; `cpu=True`: CPU processes
+    (gloo) even where there is a GPU.
 
     In a process that is not part of a launched group, Accelerate's process-wide state is reset first, so one
     Python process (a test session, a notebook) can train one stage in fp32 and the next in bf16.
@@ -40,7 +41,7 @@ def make_accelerator(mixed_precision: str = "no") -> Accelerator:
 
     if mixed_precision not in MIXED_PRECISION:
         raise ValueError(f"resources.mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and not cpu
     if mixed_precision == "fp16" and not cuda:
         raise ValueError("resources.mixed_precision=fp16 needs a CUDA GPU (loss scaling); use bf16 or no on CPU")
     if not launched():

@@ -30,7 +30,7 @@ STAGE_CODE: dict[str, list[str]] = {
     "sft": ["rlhf_lib.sft", *_TRAIN, "stages.sft"],
     "reward": ["rlhf_lib.reward", *_TRAIN, "rlhf_lib.ppo.scoring", "rlhf_lib.ppo.losses", "rlhf_lib.ppo.masked",
                "stages.reward"],
-    "ppo": ["rlhf_lib.ppo", *_TRAIN, "stages.ppo", "stages.resume"],
+    "ppo": ["rlhf_lib.ppo", *_TRAIN, "stages.ppo", "stages.ppo_loop", "stages.resume"],
     "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.reward", "rlhf_lib.demo_task", *_TRAIN, "stages.eval",
              "stages.report"],
 }

@@ -1,11 +1,12 @@
-"""Running SFT or reward-model training in this process, or under `accelerate launch` in several.
+"""Running SFT or reward-model training in this process, or under `accelerate launch` in several; and the
+launching of PPO (whose parent and worker halves are stages.ppo and stages.ppo_loop).
 
-`train_supervised` is what the stages call. With `resources.num_processes == 1` it trains in the stage's own
-process. With more, it writes the starting model and a job file to a temporary directory, runs
+`train_supervised` is what the SFT and RM stages call. With `resources.num_processes == 1` it trains in the
+stage's own process. With more, it writes the starting model and a job file to a temporary directory, runs
 `accelerate launch -m stages.launch JOB` (the worker half of this module, which imports neither Prefect nor
 MLflow), forwards the metrics the main process appends to a JSONL file to the stage's `log` as they come, and
 loads the trained model back. The stage then logs and registers it as usual; a launch that fails raises with the
-tail of its stderr, so nothing is registered.
+tail of its stderr, so nothing is registered. `run_job` is the launching itself, for any job kind.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT / "configs" / "accelerate"
 STDERR_TAIL = 60  # lines of the workers' stderr quoted in a launch error
 LogFn = Callable[[int, dict[str, float]], None]
+Handler = Callable[[dict[str, Any]], None]
 
 
 class LaunchError(RuntimeError):
@@ -86,27 +88,35 @@ def launch(kind, resources, model, tokenizer, examples, train_cfg, log, torch_th
 
     from stages.models_io import save_model
 
-    config_file = resolve_config(resources)
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{kind}-launch-", dir=workdir) as tmp:
         tmp = Path(tmp)
         save_model(model, tokenizer, tmp / "init")
-        job = {"kind": kind, "dir": str(tmp), "train_cfg": train_cfg.model_dump(),
-               "mixed_precision": resources.mixed_precision,
+        job = {"kind": kind, "train_cfg": train_cfg.model_dump(), "mixed_precision": resources.mixed_precision,
                "gradient_checkpointing": resources.gradient_checkpointing,
-               "threads": max(1, torch_threads // resources.num_processes),
                "examples": [dataclasses.asdict(e) for e in examples]}
-        (tmp / "job.json").write_text(json.dumps(job))
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-               "--num_processes", str(resources.num_processes), "--main_process_port", str(_free_port()),
-               "--mixed_precision", resources.mixed_precision, "-m", "stages.launch", str(tmp / "job.json")]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
-        _run(cmd, env, tmp, log)
+        run_job(job, resources, tmp, lambda row: log(row["step"], row["metrics"]), torch_threads)
         final = json.loads((tmp / "final.json").read_text())
         return _load(kind, tmp / "out", tokenizer), final
 
 
-def _run(cmd: list[str], env: dict[str, str], tmp: Path, log: LogFn) -> None:
-    """Run the launcher, forwarding metrics lines while it runs; on failure raise with its stderr tail."""
+def run_job(job: dict[str, Any], resources: ResourcesConfig, tmp: Path, handle: Handler, torch_threads: int = 1,
+            mixed_precision: str | None = None) -> None:
+    """Run `accelerate launch -m stages.launch` with `resources.num_processes` processes on `job` (written to
+    tmp/job.json, with `dir` and `threads` added), passing each JSON line the main process appends to
+    tmp/metrics.jsonl to `handle` as it comes. Raises `LaunchError` when the launch fails."""
+    config_file = resolve_config(resources)
+    precision = mixed_precision or resources.mixed_precision
+    job = {**job, "dir": str(tmp), "threads": max(1, torch_threads // resources.num_processes)}
+    (tmp / "job.json").write_text(json.dumps(job))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+           "--num_processes", str(resources.num_processes), "--main_process_port", str(_free_port()),
+           "--mixed_precision", precision, "-m", "stages.launch", str(tmp / "job.json")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
+    _run(cmd, env, tmp, handle)
+
+
+def _run(cmd: list[str], env: dict[str, str], tmp: Path, handle: Handler) -> None:
+    """Run the launcher, forwarding its lines while it runs; on failure raise with its stderr tail."""
     metrics = tmp / "metrics.jsonl"
     metrics.touch()
     with open(tmp / "stdout.log", "wb") as out, open(tmp / "stderr.log", "wb") as err, open(metrics) as feed:
@@ -114,13 +124,13 @@ def _run(cmd: list[str], env: dict[str, str], tmp: Path, log: LogFn) -> None:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True)
         try:
             while proc.poll() is None:
-                _forward(feed, log)
+                _forward(feed, handle)
                 time.sleep(0.5)
         except BaseException:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
             raise
-        _forward(feed, log)
+        _forward(feed, handle)
     if proc.returncode != 0:
         lines = (tmp / "stderr.log").read_text(errors="replace").splitlines()
         raise LaunchError(f"`{' '.join(cmd[1:])}` exited with {proc.returncode}: {root_cause(lines)}\n"
@@ -136,7 +146,7 @@ def root_cause(lines: list[str]) -> str:
     return (ranked or found or ["(no exception line in stderr)"])[0]
 
 
-def _forward(feed, log: LogFn) -> None:
+def _forward(feed, handle: Handler) -> None:
     """Pass on every complete line the worker has appended since the last call."""
     while True:
         pos = feed.tell()
@@ -144,8 +154,7 @@ def _forward(feed, log: LogFn) -> None:
         if not line.endswith("\n"):  # nothing new, or a line still being written: read it next time
             feed.seek(pos)
             return
-        row = json.loads(line)
-        log(row["step"], row["metrics"])
+        handle(json.loads(line))
 
 
 def _free_port() -> int:
@@ -179,6 +188,10 @@ def worker(job_path: Path) -> None:
 
     job = json.loads(job_path.read_text())
     tmp, kind = Path(job["dir"]), job["kind"]
+    if kind == "ppo":
+        from stages.ppo_loop import worker as ppo_worker
+
+        return ppo_worker(job)
     torch.set_num_threads(job["threads"])
     record, cfg_cls = {"sft": (SFTExample, SFTConfig), "reward": (RankedExample, RewardConfig)}[kind]
     examples = [record(**{k: tuple(v) if isinstance(v, list) else v for k, v in e.items()}) for e in job["examples"]]

@@ -2,14 +2,16 @@
 
 The tasks share one in-memory `PPOTrainer` (models, optimizer, KL controller) and hand the `Rollout` tensors to
 each other directly: caching is off and nothing is persisted, so a task call costs milliseconds, and no model or
-tensor is ever JSON-encoded as a flow parameter.
+tensor is ever JSON-encoded as a flow parameter. With `resources.num_processes > 1` the loop runs instead under
+`accelerate launch` as one task, `ppo-launch` (stages.ppo_loop.worker), whose reports this process logs to MLflow.
 """
 
 from __future__ import annotations
 
-import copy
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -17,17 +19,17 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
-from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
-from rlhf_lib.ppo.rollout import decode_responses
-from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
+from rlhf_lib.ppo.distributed import check_sizes
+from rlhf_lib.ppo.trainer import PPOTrainer
 from rlhf_lib.ppo.types import Rollout
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
-from stages.models_io import load_causal_lm, load_scalar, save_model
-from stages.resume import COMPLETE_MARKER, resume
+from stages.launch import run_job
+from stages.models_io import save_model
+from stages.ppo_loop import build_trainer, ppo_job, ppo_loop
+from stages.resume import COMPLETE_MARKER, resumable, resume, resumed
 from stages.tracking import StageRun, download
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -66,83 +68,91 @@ def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
     return ro, stats
 
 
-def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model, and the critic
-    the config asks for: a value model initialised from the RM (InstructGPT) or from SFT, or none (a shared value
-    head, grpo, rloo)."""
-    policy, tokenizer = load_causal_lm(sft_dir)
-    ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
-    value = None
-    if cfg.ppo.has_critic and cfg.ppo.critic == "separate":
-        value = load_scalar(reward_dir) if cfg.ppo.value_init == "reward" else build_scalar_model(policy)
-    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=value, tokenizer=tokenizer)
+class RunSink:
+    """The loop's sink in the stage's process: the MLflow run and Prefect's log (see stages.ppo_loop.Sink)."""
+
+    def __init__(self, run: StageRun):
+        self.run = run
+
+    def metrics(self, stats: dict[str, float], step: int) -> None:
+        self.run.log_metrics(stats, step=step)
+
+    def table(self, rows: list[dict], path: str) -> None:
+        self.run.log_table(rows, path)
+
+    def tags(self, tags: dict[str, str]) -> None:
+        self.run.set_tags(tags)
+
+    def warn(self, message: str) -> None:
+        get_run_logger().warning(message)
+
+    def checkpoint(self, trainer: PPOTrainer) -> None:
+        """Save the trainer's whole state (no pickle) and log it to the PPO run as `checkpoints/iter_NNNNNN/`."""
+        with tempfile.TemporaryDirectory(prefix="rlhf-ckpt-") as tmp:
+            self.checkpoint_dir(save_checkpoint(trainer, checkpoint_dir(Path(tmp), trainer.iteration)))
+
+    def checkpoint_dir(self, path: Path) -> None:
+        self.run.log_dir(path, f"checkpoints/{path.name}")
+        # Logged last: a process killed while the files were being copied leaves no marker, and resume skips it.
+        self.run.log_text(path.name, f"checkpoints/{path.name}/{COMPLETE_MARKER}")
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
     def build(run: StageRun, out_dir: Path) -> None:
-        models = load_models(cfg, sft_dir, reward_dir)
+        check_sizes(cfg.ppo, cfg.resources.num_processes)  # before any model is loaded or process launched
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
         ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
                if cfg.ppo.ptx_coef > 0 else [])
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
-        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
-        trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt, ptx_examples=ptx,
-                             ptx_max_length=cfg.sft.max_length)
-        start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
+        key = run.run.data.tags["rlhf.cache_key_pending"]
+        if cfg.resources.num_processes > 1:
+            launch_task(cfg, run, key, sft_dir, reward_dir, prompts, ptx, has_judge(data_dir), out_dir)
+            return
+        trainer = build_trainer(cfg, sft_dir, reward_dir, prompts, ptx)
+        start = resume(trainer, run, run.run.info.experiment_id, key)
         if start:
             get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
             trainer.sync_engine()
         judge = gold_score if has_judge(data_dir) else None
         try:
-            ppo_loop(trainer, run, cfg.ppo.iterations, judge)
+            ppo_loop(trainer, RunSink(run), cfg.ppo.iterations, judge, iterate=iteration_tasks)
         finally:
             if trainer.engine is not None:
                 trainer.engine.close()
-        save_model(trainer.export_policy(), models.tokenizer, out_dir)
+        save_model(trainer.export_policy(), trainer.m.tokenizer, out_dir)
     return build
 
 
-def log_checkpoint(trainer: PPOTrainer, run: StageRun) -> None:
-    """Save the trainer's whole state (no pickle) and log it to the PPO run as `checkpoints/iter_NNNNNN/`."""
-    with tempfile.TemporaryDirectory(prefix="rlhf-ckpt-") as tmp:
-        path = save_checkpoint(trainer, checkpoint_dir(Path(tmp), trainer.iteration))
-        run.log_dir(path, f"checkpoints/{path.name}")
-        # Logged last: a process killed while the files were being copied leaves no marker, and resume skips it.
-        run.log_text(path.name, f"checkpoints/{path.name}/{COMPLETE_MARKER}")
+@task(name="ppo-launch", **_IN_MEMORY)
+def launch_task(cfg: PipelineConfig, run: StageRun, key: str, sft_dir: Path, reward_dir: Path, prompts: list[str],
+                ptx: list[tuple[str, str]], judge: bool, out_dir: Path) -> None:
+    """The whole PPO loop in `resources.num_processes` processes under `accelerate launch` (stages.ppo_loop.worker):
+    one task, since the per-phase tasks cannot span processes. Resumes an interrupted run as in one process: this
+    process finds and downloads the checkpoints, the launched ones load them. The events the main launched process
+    writes are replayed onto the run as they come; the final policy lands in `out_dir`."""
+    found = resumable(run, run.run.info.experiment_id, key)
+    job = ppo_job(cfg, sft_dir, reward_dir, prompts, ptx, judge, out_dir, found[1] if found else ())
+    sink, logger = RunSink(run), get_run_logger()
 
+    def handle(row: dict[str, Any]) -> None:
+        event, args = row["event"], row["args"]
+        if event == "resumed":
+            resumed(run, found[0], *args)
+            if args[0] is not None:
+                logger.info("ppo: resumed an interrupted run at iteration %d", args[1])
+        elif event == "checkpoint_dir":
+            sink.checkpoint_dir(Path(args[0]))
+            shutil.rmtree(args[0], ignore_errors=True)
+        else:
+            getattr(sink, event)(*args)
 
-def ppo_loop(trainer: PPOTrainer, run: StageRun, iterations: int, judge=None) -> None:
-    """The loop of the PPO sub-flow: one rollout -> score -> gae -> update chain of tasks per iteration, with the
-    metrics of each iteration logged to MLflow. The gold judge (demo task only) scores logged samples, never
-    the policy's reward. Alarms go to the Prefect log as warnings and to the run as `rlhf.alarm.<name>` tags."""
-    monitor, raised = AlarmMonitor(trainer.cfg), set()
-    for it in range(trainer.iteration, iterations):  # a resumed trainer continues where its checkpoint left off
-        ro, stats = iteration_tasks(trainer)
-        if judge is not None:  # monitoring only: the gold judge never enters the reward
-            texts = decode_responses(trainer.m.tokenizer, ro.response, ro.response_mask)
-            gold = [judge(p, t) for p, t in zip(ro.prompts, texts)]
-            stats["objective/gold"] = sum(gold) / len(gold)
-        if it % trainer.cfg.sample_every == 0 or it == iterations - 1:
-            rows = trainer.samples(ro, 8)
-            if judge is not None:
-                for r, g in zip(rows, gold):
-                    r["gold"] = g
-            run.log_table(rows, f"samples/iter_{it:04d}.json")
-        run.log_metrics(stats, step=it)
-        alarms = monitor.check(it, stats)
-        for alarm in alarms:
-            get_run_logger().warning("PPO alarm %s at %s", alarm.name, alarm)
-            if alarm.name not in raised:  # the tag keeps the first occurrence; the log has every one
-                run.set_tags({f"rlhf.alarm.{alarm.name}": str(alarm)})
-                raised.add(alarm.name)
-        stopping = bool(alarms) and trainer.cfg.stop_on_alarm
-        healthy = not any(a.name == "nan" for a in alarms)  # a non-finite state is never checkpointed
-        if healthy and ((it + 1) % trainer.cfg.checkpoint_every == 0 or it == iterations - 1 or stopping):
-            log_checkpoint(trainer, run)
-        if stopping:
-            run.set_tags({"rlhf.stopped_on_alarm": f"iteration {it}: {', '.join(a.name for a in alarms)}"})
-            return
+    # PPO's processes are CPU processes joined by gloo, whatever resources.accelerate_config says for SFT and RM
+    # (the trainer runs on the CPU, in one process too), in float32: its rollout log-probs and update must use the
+    # same numerics, so resources.mixed_precision does not apply either.
+    resources = cfg.resources.model_copy(update={"accelerate_config": "cpu_gloo.yaml"})
+    with tempfile.TemporaryDirectory(prefix="rlhf-ppo-launch-") as tmp:
+        run_job(job, resources, Path(tmp), handle, cfg.torch_threads, mixed_precision="no")
 
 
 @flow(name="ppo", flow_run_name="ppo-{config.name}")

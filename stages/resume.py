@@ -17,10 +17,10 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric
-from safetensors import SafetensorError
 
-from rlhf_lib.ppo.checkpoint import is_complete, load_checkpoint
+from rlhf_lib.ppo.checkpoint import is_complete
 from rlhf_lib.ppo.trainer import PPOTrainer
+from stages.ppo_loop import load_first
 from stages.tracking import StageRun, download
 
 COMPLETE_MARKER = "COMPLETE"
@@ -44,34 +44,43 @@ def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
 def resume(trainer: PPOTrainer, run: StageRun, experiment_id: str, key: str) -> int:
     """Load the newest checkpoint of an interrupted run with `key` into `trainer`; returns the iteration to start
     from (0 when there is nothing to resume)."""
+    found = resumable(run, experiment_id, key)
+    if found is None:
+        return 0
+    old, candidates = found
+    ckpt = load_first(trainer, candidates)
+    resumed(run, old, ckpt.name if ckpt else None, trainer.iteration)
+    return trainer.iteration if ckpt else 0
+
+
+def resumable(run: StageRun, experiment_id: str, key: str) -> tuple[str, list[Path]] | None:
+    """The interrupted run with `key` and its fully logged checkpoints (they have the marker), newest first,
+    downloaded; None when there is none. A run without such a checkpoint is retired here."""
     old = unfinished_run(experiment_id, key, exclude=run.run_id)
     if old is None:
-        return 0
+        return None
     client = MlflowClient()
     if not [f for f in client.list_artifacts(old, "checkpoints")]:
         _retire(client, old, run.run_id, "no checkpoint to resume from")
-        return 0
-    ckpt = _load_newest(trainer, download(f"runs:/{old}/checkpoints"))
-    if ckpt is None:
+        return None
+    root = download(f"runs:/{old}/checkpoints")
+    found = [c for c in sorted(root.glob("iter_*"), reverse=True) if (c / COMPLETE_MARKER).is_file() and is_complete(c)]
+    if not found:
         _retire(client, old, run.run_id, "no complete checkpoint to resume from")
-        return 0
-    _copy_history(client, old, run.run_id, before=trainer.iteration)
-    run.set_tags({"rlhf.resumed_from": f"{old}/checkpoints/{ckpt.name}"})
-    _retire(client, old, run.run_id, f"resumed from {ckpt.name}")
-    return trainer.iteration
+        return None
+    return old, found
 
 
-def _load_newest(trainer: PPOTrainer, root: Path) -> Path | None:
-    """Load the newest checkpoint that was fully logged (it has the marker) and loads cleanly; None if none does.
-    `load_checkpoint` validates everything before it changes the trainer, so a bad one leaves it untouched."""
-    for ckpt in sorted(root.glob("iter_*"), reverse=True):
-        if (ckpt / COMPLETE_MARKER).is_file() and is_complete(ckpt):
-            try:
-                load_checkpoint(trainer, ckpt)
-                return ckpt
-            except (ValueError, OSError, SafetensorError):
-                continue
-    return None
+def resumed(run: StageRun, old: str, checkpoint: str | None, iteration: int) -> None:
+    """After loading checkpoint `checkpoint` of run `old` (None: none of them loaded): copy the metric history up
+    to `iteration` into `run`, tag it, and retire `old`."""
+    client = MlflowClient()
+    if checkpoint is None:
+        _retire(client, old, run.run_id, "no complete checkpoint to resume from")
+        return
+    _copy_history(client, old, run.run_id, before=iteration)
+    run.set_tags({"rlhf.resumed_from": f"{old}/checkpoints/{checkpoint}"})
+    _retire(client, old, run.run_id, f"resumed from {checkpoint}")
 
 
 def _retire(client: MlflowClient, old: str, new: str, why: str) -> None:

@@ -13,6 +13,7 @@ Notation: B = batch, P = prompt length, R = response length, H = hidden size, V 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -32,6 +33,19 @@ if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached r
     from transformers import PreTrainedModel
 
 CriticKind = Literal["separate", "shared", "none"]
+
+
+class TokenValues(nn.Module):
+    """A separate value model's V(s_t) as one module call. `token_values` calls the model's backbone and head
+    directly, which would bypass a DDP wrapper's forward (and so its gradient synchronisation): under
+    `accelerate launch` this module is what gets wrapped. Shapes: as `token_values`."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, query: Tensor, query_mask: Tensor, response: Tensor, response_mask: Tensor) -> Tensor:
+        return token_values(self.model, query, query_mask, response, response_mask)
 
 
 class ValueHead(nn.Module):
@@ -73,6 +87,7 @@ class Critic:
     kind: CriticKind
     module: nn.Module
     offset: float = 0.0
+    wrapped: nn.Module | None = None  # the DDP-wrapped `trainable_forward()` under accelerate launch, else None
 
     @classmethod
     def build(cls, kind: CriticKind, policy: PreTrainedModel, value_model: PreTrainedModel | None) -> Critic:
@@ -88,14 +103,25 @@ class Critic:
     def trains(self) -> bool:
         return self.kind != "none"
 
+    def trainable_forward(self) -> nn.Module | None:
+        """The module whose forward computes the critic's trained values: what a DDP wrapper must wrap."""
+        return {"separate": TokenValues(self.module), "shared": self.module}.get(self.kind)
+
+    @property
+    def _net(self):
+        """What computes the trained values: the DDP wrapper under accelerate launch, else the module itself."""
+        if self.wrapped is not None:
+            return self.wrapped
+        return partial(token_values, self.module) if self.kind == "separate" else self.module
+
     def values(self, policy: PreTrainedModel, query: Tensor, query_mask: Tensor, response: Tensor,
                response_mask: Tensor) -> Tensor | None:
         """V(state before each response token), for the rollout. Shape: (B, R), 0 on padding; None without critic."""
         if self.kind == "separate":
-            values = token_values(self.module, query, query_mask, response, response_mask)
+            values = self._net(query, query_mask, response, response_mask)
             return (values - self.offset) * response_mask.to(values.dtype) if self.offset else values
         if self.kind == "shared":
-            return _shared_forward(policy, self.module, query, query_mask, response, response_mask, 1.0,
+            return _shared_forward(policy, self._net, query, query_mask, response, response_mask, 1.0,
                                    train_backbone=False)[2]
         return None
 
@@ -109,7 +135,7 @@ class Critic:
         is computed from detached logits (logged only: its (B, R, V) softmax stays out of the backward pass).
         """
         if self.kind == "shared":
-            return _shared_forward(policy, self.module, query, query_mask, response, response_mask, temperature,
+            return _shared_forward(policy, self._net, query, query_mask, response, response_mask, temperature,
                                    train_backbone=train_policy, entropy_grad=entropy_grad)
         logprobs = entropy = None
         if train_policy:

@@ -12,14 +12,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from peft import PeftModel
     from transformers import PreTrainedModel
 
 
-def add_lora(policy: PreTrainedModel, r: int, alpha: float, target_modules: list[str] | None) -> PeftModel:
+def add_lora(policy: PreTrainedModel, r: int, alpha: float, target_modules: list[str] | None,
+             seed: int = 0) -> PeftModel:
     """Inject LoRA adapters into `policy` in place (dropout 0: dropout stays off in RLHF-PPO); return the peft
-    wrapper. The adapters start as a no-op (B = 0), so the adapted policy equals the reference at iteration 0."""
+    wrapper. The adapters start as a no-op (B = 0), so the adapted policy equals the reference at iteration 0.
+    peft draws A's initial values from torch's global RNG; they are drawn from `seed` here (the global state is
+    left as it was), so they do not depend on what the process did before (SFT trained in this process or taken
+    from the cache) and every process of an `accelerate launch` group starts from those of one process."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:  # pragma: no cover - peft is a pinned dependency
@@ -28,7 +34,9 @@ def add_lora(policy: PreTrainedModel, r: int, alpha: float, target_modules: list
     fan_in_fan_out = getattr(policy.config, "model_type", "") == "gpt2"
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, bias="none",
                         task_type="CAUSAL_LM", fan_in_fan_out=fan_in_fan_out)
-    return get_peft_model(policy, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(policy, config)
 
 
 @contextmanager

@@ -17,6 +17,8 @@ from rlhf_lib.ppo.scoring import cache_kwarg, keep_last, position_ids
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from rlhf_lib.ppo.distributed import RowShard
+
 
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_prompt_tokens: int
@@ -52,13 +54,16 @@ def sample(
     pad_token_id: int,
     generator: torch.Generator | None = None,
     stop_at_eos: bool = True,
+    shard: RowShard | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample responses to left-padded queries.
 
     Shapes: query, query_mask (B, P) -> response (B, R), response_mask (B, R), logprobs (B, R) with
     R <= max_new_tokens (the loop ends once every row has emitted EOS). After a row's EOS its tokens are PAD,
     its mask 0 and its log-probs 0. The EOS itself is a real token (mask 1): the policy must get credit for
-    stopping. With `stop_at_eos=False` every row runs `max_new_tokens` tokens (benchmarks).
+    stopping. With `stop_at_eos=False` every row runs `max_new_tokens` tokens (benchmarks). With `shard` (under
+    `accelerate launch`) the rows are this process's slice of a global batch, and the tokens and the number of
+    steps are those of sampling the whole batch in one process (see `rlhf_lib.ppo.distributed`).
     """
     b = query.shape[0]
     kw = cache_kwarg(type(policy))
@@ -74,7 +79,8 @@ def sample(
     for step in range(max_new_tokens):
         scaled = logits.float() / temperature
         logp_all = torch.log_softmax(scaled, dim=-1)  # (B, V)
-        tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+        probs = logp_all.exp()
+        tok = shard.draw(probs, generator) if shard else torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         logp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         alive = ~done
         tokens.append(torch.where(alive, tok, torch.full_like(tok, pad_token_id)))
@@ -82,7 +88,7 @@ def sample(
         masks.append(alive.long())
         if stop_at_eos:
             done = done | (tok == eos_token_id)
-        if bool(done.all()) or step == max_new_tokens - 1:
+        if (shard.all_done(done) if shard else bool(done.all())) or step == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype)], 1)
         out = policy(input_ids=tokens[-1].unsqueeze(-1), attention_mask=attn, position_ids=next_pos,

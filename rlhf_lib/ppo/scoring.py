@@ -85,8 +85,9 @@ def _accepts_logits_to_keep(model_cls: type) -> bool:
 
 
 def keep_last(model: PreTrainedModel, n: int) -> dict[str, int]:
-    """`logits_to_keep=n` where the model supports it (most transformers causal LMs do), else nothing."""
-    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(model)) else {}
+    """`logits_to_keep=n` where the model supports it (most transformers causal LMs do), else nothing. A DDP
+    wrapper passes keyword arguments on to its `.module`, whose signature is the one that counts."""
+    return {"logits_to_keep": n} if _accepts_logits_to_keep(type(getattr(model, "module", model))) else {}
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

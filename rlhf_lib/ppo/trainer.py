@@ -23,6 +23,7 @@ from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.models import freeze
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
+from rlhf_lib.ppo.distributed import Solo, check_sizes
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
 from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
 from rlhf_lib.ppo.masked import masked_mean, masked_whiten
@@ -40,7 +41,10 @@ if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached r
 
 class PPOTrainer:
     def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int,
-                 ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128):
+                 ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128, dist: Solo | None = None):
+        # `dist`: the process group under `accelerate launch` (rlhf_lib.ppo.distributed.Group); None: one process.
+        self.dist = dist or Solo()
+        check_sizes(cfg, self.dist.world)
         self.m = models
         self.cfg = cfg
         self.max_prompt_tokens = max_prompt_tokens
@@ -48,7 +52,8 @@ class PPOTrainer:
             if model is not None:
                 disable_dropout(model)
         # LoRA: the reference is the policy with its adapters off, so no copy of it is kept (or needed).
-        self.peft = add_lora(models.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules) if cfg.lora else None
+        self.peft = add_lora(models.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules,
+                             seed=cfg.seed) if cfg.lora else None
         if self.peft is None and models.ref is None:
             raise ValueError("PPO without ppo.lora needs a reference model")
         if self.peft is not None:
@@ -66,6 +71,9 @@ class PPOTrainer:
                            "name": "value"})
         # Adam eps 1e-5 rather than 1e-8: "The 37 Implementation Details of PPO" (#3) and the OpenAI baselines.
         self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps)
+        # What the update calls: the policy, or its DDP wrapper (then the critic's forward is wrapped too).
+        self.policy_module, self.optimizer = self.dist.prepare(models.policy, self.critic, self.optimizer,
+                                                               frozen=(models.ref, models.reward))
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.kl_ctl = (
             AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
@@ -95,8 +103,9 @@ class PPOTrainer:
         # Critic-free estimators compare k samples of one prompt, so each prompt is drawn once and repeated k times.
         k = 1 if c.has_critic else c.group_size
         prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
+        local = self.dist.local(prompts)  # this process's rows: all of them in one process
         tok = self.m.tokenizer
-        query, query_mask = encode_prompts(tok, prompts, self.max_prompt_tokens)
+        query, query_mask = encode_prompts(tok, local, self.max_prompt_tokens)
         if self.engine is not None:
             # vLLM's log-probs differ from the trainer's numerics (kernels, precision): PPO's ratio needs the
             # policy's own, so they are recomputed with one forward (the known engine mismatch).
@@ -108,14 +117,14 @@ class PPOTrainer:
             response, response_mask, logprobs = sample(
                 self.m.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
-                stop_at_eos=c.stop_at_eos,
+                stop_at_eos=c.stop_at_eos, shard=self.dist.row_shard(len(prompts)),
             )
         if not c.stop_at_eos:
             response, response_mask, logprobs = truncate_after_eos(
                 response, response_mask, logprobs, tok.eos_token_id, tok.pad_token_id
             )
         self.timings["rollout_s"] = time.perf_counter() - t0
-        return Rollout(query, query_mask, response, response_mask, logprobs, prompts=prompts)
+        return Rollout(query, query_mask, response, response_mask, logprobs, prompts=local)
 
     # 2. score ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -158,20 +167,24 @@ class PPOTrainer:
         gen = torch.Generator().manual_seed(c.seed + 1)
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
-            query, query_mask = encode_prompts(tok, prompts[i : i + c.batch_size], self.max_prompt_tokens)
+            chunk = prompts[i : i + c.batch_size]
+            query, query_mask = encode_prompts(tok, self.dist.local(chunk), self.max_prompt_tokens)
             with adapters_off(self.peft):
                 response, response_mask, _ = sample(
                     self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
+                    shard=self.dist.row_shard(len(chunk)),
                 )
             total += float(sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask)).sum())
-        return total / len(prompts)
+        return self.dist.sum([total])[0] / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
     @torch.no_grad()
     def advantages(self, ro: Rollout) -> dict[str, float]:
         t0 = time.perf_counter()
         ro.require("ref_logprobs", "raw_scores")
+        # Several processes: from here on every process holds the whole scored rollout and computes what one would.
+        self.dist.gather(ro, self.m.tokenizer.pad_token_id)
         c, mask = self.cfg, ro.response_mask
         has_eos = ends_with_eos(ro.response, mask, self.m.tokenizer.eos_token_id)
         ro.scores, score_stats = shape_scores(
@@ -218,8 +231,9 @@ class PPOTrainer:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * frac
         warming_up = self.critic.trains and self.iteration < c.critic_warmup
-        s = ppo_epochs(self.m.policy, self.critic, self.optimizer, ro, c, self.generator,
-                       train_policy=not warming_up, ptx_batch=self._ptx_batch if c.ptx_coef > 0 else None)
+        s = ppo_epochs(self.policy_module, self.critic, self.optimizer, ro, c, self.generator,
+                       train_policy=not warming_up, ptx_batch=self._ptx_batch if c.ptx_coef > 0 else None,
+                       dist=self.dist)
         self.sync_engine()
         self.timings["update_s"] = time.perf_counter() - t0
         self.iteration += 1

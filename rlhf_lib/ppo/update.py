@@ -11,6 +11,7 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.ppo.critic import Critic
+from rlhf_lib.ppo.distributed import Solo
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
 from rlhf_lib.ppo.types import Rollout
@@ -45,6 +46,19 @@ def ptx_loss(policy: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.T
     return response_lm_loss(logits.float(), batch["labels"])[0]
 
 
+def _ptx_share(policy: PreTrainedModel, batch: dict[str, torch.Tensor], dist: Solo) -> tuple[torch.Tensor, float]:
+    """The ptx loss of this process's rows of the demonstration batch, and their share of its response tokens
+    (the loss is a token mean): the whole batch and 1 in one process. Every row has a response token (its EOS)."""
+    if dist.world == 1:
+        return ptx_loss(policy, batch), 1.0
+    local = {k: dist.local(v) for k, v in batch.items()}
+    return ptx_loss(policy, local), _label_tokens(local) / _label_tokens(batch)
+
+
+def _label_tokens(batch: dict[str, torch.Tensor]) -> float:
+    return float((batch["labels"][:, 1:] != -100).sum())
+
+
 def _micro_loss(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOConfig, train_policy: bool,
                 weight: float) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss of one micro-batch, scaled by its share `weight` of the minibatch's real tokens, so that summing the
@@ -76,6 +90,7 @@ def ppo_epochs(
     *,
     train_policy: bool = True,
     ptx_batch: PtxBatches | None = None,
+    dist: Solo | None = None,
 ) -> dict[str, float]:
     """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat over
     the steps taken, plus `refused_steps` (minibatches whose loss or gradient was not finite: skipped) and
@@ -84,8 +99,11 @@ def ppo_epochs(
     Loss per minibatch (PPO eq. 9, signs as minimised; InstructGPT eq. 2 for the ptx term):
         L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy) + ptx_coef * L_sft(demos)
     `train_policy=False` (critic warm-up) keeps only the value term. Each minibatch is split into
-    `cfg.gradient_accumulation_steps` micro-batches whose gradients add up to the minibatch's.
+    `cfg.gradient_accumulation_steps` micro-batches whose gradients add up to the minibatch's. Under `accelerate
+    launch` (`dist`, see `rlhf_lib.ppo.distributed`) each process computes its slice of every minibatch, and the
+    statistics and decisions (NaN guard, early stop) use their sums over processes.
     """
+    dist = dist or Solo()
     rollout.require("advantages")
     if critic.trains:
         rollout.require("values", "returns")
@@ -93,7 +111,6 @@ def ppo_epochs(
     groups = {g.get("name", str(i)): g["params"] for i, g in enumerate(optimizer.param_groups)}
     b_size = rollout.batch_size
     mb_size = b_size // cfg.minibatches
-    micro = mb_size // cfg.gradient_accumulation_steps
     use_ptx = ptx_batch is not None and cfg.ptx_coef > 0 and train_policy
     sums: dict[str, float] = defaultdict(float)
     n = epochs_run = 0
@@ -106,22 +123,26 @@ def ppo_epochs(
         for start in range(0, b_size, mb_size):
             mb_idx = b_perm[start : start + mb_size]
             mb_tokens = float(rollout.response_mask[mb_idx].sum())
+            rows = dist.local(mb_idx)  # this process's rows of the minibatch: all of them in one process
+            micro = len(rows) // cfg.gradient_accumulation_steps
             optimizer.zero_grad(set_to_none=True)
             mb_stats: dict[str, float] = defaultdict(float)
             loss_total = 0.0
-            for m0 in range(0, mb_size, micro):
-                part = trim_padding(rollout.minibatch(mb_idx[m0 : m0 + micro]))
-                loss, stats = _micro_loss(policy, critic, part, cfg, train_policy,
-                                          float(part.response_mask.sum()) / mb_tokens)
-                loss.backward()
+            for m0 in range(0, len(rows), micro):
+                part = trim_padding(rollout.minibatch(rows[m0 : m0 + micro]))
+                with dist.accumulating(skip_sync=m0 + micro < len(rows)):
+                    loss, stats = _micro_loss(policy, critic, part, cfg, train_policy,
+                                              float(part.response_mask.sum()) / mb_tokens)
+                    dist.backward(loss)
                 loss_total += float(loss.detach())
                 for k, v in stats.items():
                     mb_stats[k] += v
             if use_ptx:
-                ptx = ptx_loss(policy, ptx_batch())
-                (cfg.ptx_coef * ptx).backward()
-                loss_total += cfg.ptx_coef * float(ptx.detach())
-                mb_stats["ptx_loss"] = float(ptx.detach())
+                ptx, share = _ptx_share(policy, ptx_batch(), dist)
+                dist.backward(cfg.ptx_coef * ptx * share)
+                loss_total += cfg.ptx_coef * float(ptx.detach()) * share
+                mb_stats["ptx_loss"] = float(ptx.detach()) * share
+            loss_total, mb_stats = dist.pooled(loss_total, mb_stats)
             norms = {name: _grad_norm(ps) for name, ps in groups.items()}
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             # NaN/inf guard: a non-finite loss or gradient never reaches the weights or Adam's moments.

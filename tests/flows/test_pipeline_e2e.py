@@ -125,6 +125,28 @@ def test_ppo_against_a_named_reward_model(first):
     assert MlflowClient().get_model_version(name, version).tags["rlhf.upstream.reward"] == rm_uri
 
 
+def test_ppo_under_accelerate_launch_logs_what_one_process_logs(first):
+    # `rlhf run ppo --set resources.num_processes=2`: the loop in 2 gloo CPU processes, one `ppo-launch` task whose
+    # reports this process logs. The process count is not part of the cache key, hence --force.
+    from flows.pipeline import rlhf
+
+    out = rlhf(config=load_config("micro", None, ["resources.num_processes=2"]), pipeline="ppo", force=["ppo"])
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran"}
+    assert out["stages"]["ppo"]["cache_key"] == first["stages"]["ppo"]["cache_key"]
+    assert out["stages"]["ppo"]["model_uri"] != first["stages"]["ppo"]["model_uri"]  # registered
+    client = MlflowClient()
+    one, two = first["stages"]["ppo"]["mlflow_run_id"], out["stages"]["ppo"]["mlflow_run_id"]
+    assert set(client.get_run(two).data.metrics) == set(client.get_run(one).data.metrics)
+    for key in client.get_run(one).data.metrics:  # the same curves (tolerances: tests/stages/test_ppo_loop.py)
+        if key.startswith("time/"):
+            continue
+        a, b = ([m.value for m in sorted(client.get_metric_history(r, key), key=lambda m: m.step)] for r in (one, two))
+        assert b == pytest.approx(a, **(dict(abs=0.05) if "clipfrac" in key else dict(rel=1e-4, abs=1e-5))), key
+    files = {f.path for f in client.list_artifacts(two, "checkpoints/iter_000002")}
+    assert {"checkpoints/iter_000002/policy.safetensors", "checkpoints/iter_000002/COMPLETE"} <= files
+    assert {f.path for f in client.list_artifacts(two, "samples")} == {"samples/iter_0000.json", "samples/iter_0001.json"}
+
+
 def test_a_missing_model_version_is_named():
     from flows.pipeline import rlhf
 

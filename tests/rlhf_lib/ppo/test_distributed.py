@@ -1,0 +1,41 @@
+"""The pieces of multi-process PPO that need no process group: row-sharded sampling and the size checks.
+(The launched group itself is tested against one process in tests/stages/test_ppo_loop.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_lib.config import PPOConfig
+from rlhf_lib.ppo.distributed import RowShard, Solo, check_sizes
+
+
+def test_each_shard_draws_the_tokens_of_one_process_and_steps_the_generator_alike():
+    # 6 rows over 3 processes (rows 0-1, 2-3, 4-5), vocabulary 50, two draws in a row.
+    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(1)), -1)
+    one = torch.Generator().manual_seed(7)
+    expected = [torch.multinomial(probs, 1, generator=one).squeeze(-1) for _ in range(2)]
+    for start in (0, 2, 4):
+        gen = torch.Generator().manual_seed(7)
+        shard = RowShard(start, 6, group=Solo())
+        drawn = [shard.draw(probs[start : start + 2], gen) for _ in range(2)]
+        assert [d.tolist() for d in drawn] == [e[start : start + 2].tolist() for e in expected]
+        assert torch.equal(gen.get_state(), one.get_state())
+
+
+@pytest.mark.parametrize(("update", "message"), [
+    (dict(batch_size=8, minibatches=2, gradient_accumulation_steps=4),
+     r"minibatch \(ppo.batch_size / ppo.minibatches = 4 rows\).*divisible by 8"),
+    (dict(rm_offset_samples=5), r"ppo.rm_offset_samples \(5\) must be divisible by resources.num_processes \(2\)"),
+    (dict(ptx_coef=0.1, ptx_batch_size=3), r"ppo.ptx_batch_size \(3\)"),
+    (dict(rollout_engine="vllm"), r"ppo.rollout_engine=vllm runs in one process only"),
+])
+def test_sizes_two_processes_cannot_split_are_refused_by_key(update, message):
+    cfg = PPOConfig(batch_size=8, minibatches=2, rm_offset_samples=8).model_copy(update=update)
+    check_sizes(cfg, 1)  # one process splits nothing
+    with pytest.raises(ValueError, match=message):
+        check_sizes(cfg, 2)
+
+
+def test_a_config_that_splits_evenly_passes():
+    check_sizes(PPOConfig(batch_size=8, minibatches=2, gradient_accumulation_steps=2, rm_offset_samples=8), 2)
