@@ -6,7 +6,10 @@ next PPO stage with the same cache key finds it, loads its newest checkpoint int
 iteration into the new run, and marks the old run FAILED with a pointer to its successor. Continuing from there
 gives, on CPU with the same seed, exactly the metrics of an uninterrupted run.
 
-The per-key lock of `run_cached` guarantees no live process is still working on a run found here.
+The per-key lock of `run_cached` guarantees no live process is still working on a run found here. Under
+`accelerate launch` (resources.num_processes > 1) the stage calls `resumable` and `resumed` itself and the launched
+processes load the checkpoints in between (stages.ppo_loop.load_first); a checkpoint does not record how many
+processes wrote it.
 """
 
 from __future__ import annotations
