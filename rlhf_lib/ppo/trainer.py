@@ -26,6 +26,7 @@ from rlhf_lib.ppo.advantages import compute_rewards, gae
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
 from rlhf_lib.ppo.masked import masked_mean, masked_var, masked_whiten
 from rlhf_lib.ppo.metrics import explained_variance
+from rlhf_lib.ppo.retokenize import retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores, token_values
 from rlhf_lib.ppo.types import Rollout
@@ -44,6 +45,7 @@ class PPOModels:
     reward: PreTrainedModel
     value: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's
 
 
 class PromptSampler:
@@ -112,7 +114,10 @@ class PPOTrainer:
         args = (ro.query, ro.query_mask, ro.response, ro.response_mask)
         ro.ref_logprobs, _ = response_logprobs(self.m.ref, *args, temperature=self.cfg.temperature)
         ro.values = token_values(self.m.value, *args)
-        ro.scores = sequence_scores(self.m.reward, *concat(*args))
+        if self.m.reward_tokenizer is None:
+            ro.scores = sequence_scores(self.m.reward, *concat(*args))
+        else:  # the RM reads text through its own tokenizer
+            ro.scores = retokenized_scores(self.m.reward, self.m.reward_tokenizer, self.m.tokenizer, *args)
         self.timings["score_s"] = time.perf_counter() - t0
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
