@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts
+from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
@@ -25,7 +26,7 @@ from rlhf_lib.ppo.types import Rollout
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
-from stages.models_io import load_causal_lm, load_scalar, save_model
+from stages.models_io import load_causal_lm, load_reward_side, save_model
 from stages.resume import COMPLETE_MARKER, resume
 from stages.tracking import StageRun, download
 
@@ -65,21 +66,24 @@ def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
     return ro, stats
 
 
-def load_models(sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT, frozen reward model, and a value model initialised from the RM."""
-    policy, tokenizer = load_causal_lm(sft_dir)
+def load_models(sft_dir: Path, reward_dir: Path, cfg: PipelineConfig) -> PPOModels:
+    """Policy and frozen reference from SFT, frozen reward model, and a value model initialised from the RM (from
+    SFT when the RM has its own tokenizer, see `load_reward_side`)."""
+    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
     ref = copy.deepcopy(policy)
-    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=load_scalar(reward_dir),
-                     tokenizer=tokenizer)
+    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code)
+    return PPOModels(policy=policy, ref=ref, reward=reward, value=value, tokenizer=tokenizer,
+                     reward_tokenizer=reward_tokenizer)
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
     def build(run: StageRun, out_dir: Path) -> None:
-        models = load_models(sft_dir, reward_dir)
+        models = load_models(sft_dir, reward_dir, cfg)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+        run.log_metrics({"ppo/truncated_prompts": prompt_truncations(models.tokenizer, prompts, max_prompt)}, step=0)
         trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt)
         start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
         if start:
