@@ -122,10 +122,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(cfg.torch_threads)
     from flows.pipeline import rlhf
+    from rlhf_lib.data import DataError
 
     with flow_settings(server):
-        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
-                       reward_model=args.reward_model)
+        try:
+            summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
+                           reward_model=args.reward_model)
+        except DataError as e:  # a bad data row or source: the message names file, line and field
+            raise SystemExit(f"rlhf: bad data: {e}") from None
     if args.json:
         print(json.dumps(summary), flush=True)
     else:

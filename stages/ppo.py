@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
+from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.alarms import AlarmMonitor
@@ -26,7 +27,7 @@ from rlhf_lib.ppo.types import Rollout
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import file_digest, has_judge
-from stages.models_io import load_causal_lm, load_scalar, save_model
+from stages.models_io import load_causal_lm, load_reward_side, save_model
 from stages.resume import COMPLETE_MARKER, resume
 from stages.tracking import StageRun, download
 
@@ -67,15 +68,19 @@ def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
 
 
 def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model, and the critic
-    the config asks for: a value model initialised from the RM (InstructGPT) or from SFT, or none (a shared value
+    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model (with its own
+    tokenizer when it differs from the policy's), and the critic the config asks for: a value model initialised
+    from the RM (InstructGPT; from SFT when the RM reads other token ids) or from SFT, or none (a shared value
     head, grpo, rloo)."""
-    policy, tokenizer = load_causal_lm(sft_dir)
+    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
     ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
-    value = None
-    if cfg.ppo.has_critic and cfg.ppo.critic == "separate":
-        value = load_scalar(reward_dir) if cfg.ppo.value_init == "reward" else build_scalar_model(policy)
-    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=value, tokenizer=tokenizer)
+    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code)
+    if not (cfg.ppo.has_critic and cfg.ppo.critic == "separate"):
+        value = None
+    elif cfg.ppo.value_init == "sft" and reward_tokenizer is None:
+        value = build_scalar_model(policy)
+    return PPOModels(policy=policy, ref=ref, reward=reward, value=value, tokenizer=tokenizer,
+                     reward_tokenizer=reward_tokenizer)
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
@@ -87,6 +92,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+        run.log_metrics({"ppo/truncated_prompts": prompt_truncations(models.tokenizer, prompts, max_prompt)}, step=0)
         trainer = PPOTrainer(models, prompts, cfg.ppo, max_prompt_tokens=max_prompt, ptx_examples=ptx,
                              ptx_max_length=cfg.sft.max_length)
         start = resume(trainer, run, run.run.info.experiment_id, run.run.data.tags["rlhf.cache_key_pending"])
