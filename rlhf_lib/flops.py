@@ -58,9 +58,12 @@ def generate_flops(s: Shape, batch: int, prompt: int, new: int) -> int:
 
 
 def ppo_iteration_flops(
-    policy: Shape, critic: Shape, reward: Shape, batch: int, prompt: int, new: int, epochs: int = 1
+    policy: Shape, critic: Shape, reward: Shape, batch: int, prompt: int, new: int, epochs: int = 1,
+    shared_critic: bool = False,
 ) -> dict[str, int]:
-    """FLOPs of one PPO iteration with a separate value model (TRL's PPOv2 layout), by phase.
+    """FLOPs of one PPO iteration with a separate value model (TRL's PPOv2 layout), by phase. With
+    `shared_critic` the value head reads the policy's forward in the update (no second body forward/backward); in
+    scoring the values still take one body forward (of the policy instead of the value model).
 
     generate: sampling (log-probs come from the sampling step, no extra forward).
     score:    reference forward (LM head on the `new` response positions), value and reward forwards (scalar
@@ -74,7 +77,7 @@ def ppo_iteration_flops(
     out = {
         "generate": generate_flops(policy, batch, prompt, new),
         "score": ref + value + rm,
-        "update": epochs * 3 * (ref + value),
+        "update": epochs * 3 * (ref + (0 if shared_critic else value)),
     }
     out["total"] = sum(out.values())
     return out

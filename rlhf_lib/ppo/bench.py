@@ -58,6 +58,10 @@ class BenchPPOConfig(BaseModel):
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights and activations.")
     device: str = Field("cpu", description="torch device of the four models, e.g. cpu or cuda.")
+    critic: Literal["separate", "shared"] = Field("separate", description="Value model of its own (TRL's setup), "
+                                                  "or a value head on the policy's backbone (ppo.critic=shared).")
+    lora: bool = Field(False, description="Train LoRA adapters on the policy; the reference is the policy with "
+                       "adapters off (ppo.lora).")
     peak_tflops: float | None = Field(None, gt=0, description="Datasheet peak of the device for MFU (e.g. 989 for "
                                       "an H100/H200 in dense bf16); without it MFU is against the measured roofline.")
 
@@ -70,7 +74,8 @@ def ppo_config(c: BenchPPOConfig) -> PPOConfig:
         clip_eps=c.cliprange, value_clip=c.cliprange_value, vf_coef=c.vf_coef, ent_coef=0.0, gamma=c.gamma,
         lam=c.lam, kl_coef=c.kl_coef, kl_estimator="k1", adaptive_kl=False, whiten_advantages=True,
         max_grad_norm=1e9,  # TRL's PPO loop never clips (the norm is still computed: a few ms)
-        seed=c.seed,
+        seed=c.seed, stop_at_eos=False, rm_offset_samples=0,  # TRL: no stop token, no RM normalisation
+        critic=c.critic, lora=c.lora, lr_schedule="constant",
     )
 
 
@@ -87,8 +92,8 @@ def build_tokenizer(c: BenchPPOConfig, corpus: list[str]):
     size = min(c.vocab_size, 1024)
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=size, special_tokens=["[UNK]"], show_progress=False))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-    # MERGE: once `ppo.stop_at_eos` exists, EOS may live inside the vocabulary and ppo_config() sets
-    # stop_at_eos=False instead; until then this line is what turns early stop off.
+    # EOS and PAD outside the vocabulary, as TRL's baseline: no response ever ends early (ppo.stop_at_eos=false
+    # would give the same work, but an in-vocabulary EOS would then change the masks the update sees).
     fast.add_special_tokens({"eos_token": "[EOS]", "pad_token": "[PAD]"})  # ids size, size + 1
     return fast
 
@@ -124,10 +129,12 @@ def build_models(c: BenchPPOConfig, tokenizer) -> PPOModels:
     policy = AutoModelForCausalLM.from_config(config(), **kw)
     ref = copy.deepcopy(policy)
     torch.manual_seed(c.seed + 1)
-    value = AutoModelForSequenceClassification.from_config(config(num_labels=1), **kw)
+    value = AutoModelForSequenceClassification.from_config(config(num_labels=1), **kw) if c.critic == "separate" \
+        else None
     torch.manual_seed(c.seed + 2)
     reward = AutoModelForSequenceClassification.from_config(config(num_labels=1), **kw)
-    models = [m.to(device=c.device, dtype=getattr(torch, c.dtype)).eval() for m in (policy, ref, reward, value)]
+    models = [m if m is None else m.to(device=c.device, dtype=getattr(torch, c.dtype)).eval()
+              for m in (policy, None if c.lora else ref, reward, value)]
     return PPOModels(*models, tokenizer=tokenizer)
 
 
@@ -223,7 +230,7 @@ def summarize(c: BenchPPOConfig, iters: list[dict], roofline_gflops: float, **ex
     quiet = [r for r in meas if r["foreign_cpu_s"] < 0.1 * r["total_s"]]
     shape = Shape(c.n_layer, c.n_embd, c.vocab_size)
     flops = ppo_iteration_flops(shape, shape, shape, c.rollout_batch_size, c.prompt_length, c.response_length,
-                                c.num_ppo_epochs)
+                                c.num_ppo_epochs, shared_critic=c.critic == "shared")
     toks = c.rollout_batch_size * c.response_length
     phase = {"generate": med("generate_s"), "score": med("rollout_score_s"), "update": med("update_s")}
     peak = (c.peak_tflops * 1e3) if c.peak_tflops else roofline_gflops

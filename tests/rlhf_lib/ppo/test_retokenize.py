@@ -79,5 +79,7 @@ def test_a_ppo_step_scores_through_the_rm_tokenizer(tiny_tokenizer, tiny_policy,
     ro, stats = trainer.step()
     want = retokenized_scores(reward_model, rm_tokenizer, tiny_tokenizer, ro.query, ro.query_mask, ro.response,
                               ro.response_mask)
-    assert torch.allclose(ro.scores, want) and ro.scores.abs().sum() > 0
+    assert torch.allclose(ro.raw_scores, want) and ro.raw_scores.abs().sum() > 0
+    # The RM offset (mean score of SFT samples, also read through the RM's tokenizer) is what the reward sees removed.
+    assert torch.allclose(ro.scores, want - trainer.rm_offset)
     assert all(torch.isfinite(torch.tensor(v)) for k, v in stats.items() if not k.startswith("time/"))
