@@ -19,9 +19,6 @@ import urllib.request
 from pathlib import Path
 
 
-NICENESS = 10
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -50,9 +47,6 @@ class EphemeralPrefect:
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env,
-            # Below the training process: the task-run events it records arrive asynchronously, so on a machine
-            # whose cores the PPO loop keeps busy the server catches up in the gaps instead of taking turns with it.
-            preexec_fn=lambda: os.nice(NICENESS),
         )
 
     def wait(self, timeout_s: float = 120.0) -> None:
