@@ -106,6 +106,8 @@ def gpt2_config(
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        # GPT-2's tanh GELU (the same function as the default "gelu_new") as one fused kernel instead of 7 ops.
+        activation_function="gelu_pytorch_tanh",
     )
     _no_dropout(cfg)
     return cfg

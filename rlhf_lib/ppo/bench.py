@@ -41,9 +41,9 @@ class BenchPPOConfig(BaseModel):
     n_embd: int = Field(256, ge=8, description="Hidden size.")
     n_positions: int = Field(64, ge=2, description="Position embeddings (>= prompt_length + response_length).")
     attn_implementation: str = Field("sdpa", description="transformers attention backend.")
-    activation_function: str = Field("gelu_new", description="GPT-2 MLP activation: gelu_new (TRL's, the GPT-2 "
-                                     "default: tanh GELU in 7 elementwise ops) or gelu_pytorch_tanh (the same "
-                                     "function in one fused kernel).")
+    activation_function: str = Field("gelu_pytorch_tanh", description="GPT-2 MLP activation: gelu_pytorch_tanh "
+                                     "(the project's models: tanh GELU in one fused kernel) or gelu_new (TRL's "
+                                     "GPT-2 default: the same function in 7 elementwise ops).")
     rollout_batch_size: int = Field(64, ge=1, description="Prompts per iteration.")
     response_length: int = Field(32, ge=1, description="Tokens sampled per prompt, always all of them.")
     num_ppo_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout.")

@@ -66,7 +66,8 @@ class PPOTrainer:
             groups.append({"params": list(self.critic.module.parameters()), "lr": cfg.value_lr or cfg.lr,
                            "name": "value"})
         # Adam eps 1e-5 rather than 1e-8: "The 37 Implementation Details of PPO" (#3) and the OpenAI baselines.
-        self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps)
+        # fused: one kernel per parameter tensor; the default for-each Adam costs several times more on CPU.
+        self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps, fused=True)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.kl_ctl = (
             AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
