@@ -122,10 +122,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(cfg.torch_threads)
     from flows.pipeline import rlhf
+    from rlhf_lib.data import DataError
 
     with flow_settings(server):
-        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
-                       reward_model=args.reward_model)
+        try:
+            summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
+                           reward_model=args.reward_model)
+        except DataError as e:  # a bad data row or source: the message names file, line and field
+            raise SystemExit(f"rlhf: bad data: {e}") from None
     if args.json:
         print(json.dumps(summary), flush=True)
     else:
@@ -134,14 +138,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    configure_env(use_services=False)
-    server = start_prefect()
-    from flows.bench import run_benchmarks
+    results: dict = {}
+    if args.which in ("all", "ppo"):  # bare, before any Prefect server competes for the cores
+        from flows.bench_ppo import bench_ppo
 
-    with flow_settings(server):
-        results = run_benchmarks(args.which, iterations=args.iterations)
+        ppo = bench_ppo(args.set or [])
+        results = ppo if args.which == "ppo" else {"ppo": ppo}
+    elif args.set:
+        raise SystemExit("rlhf bench: --set applies to `rlhf bench ppo` only")
+    if args.which != "ppo":
+        configure_env(use_services=False)
+        server = start_prefect()
+        from flows.bench import run_benchmarks
+
+        with flow_settings(server):
+            results.update(run_benchmarks(args.which, iterations=args.iterations))
     if args.json:
-        print(json.dumps(results), flush=True)
+        print(json.dumps(results, separators=(",", ":")), flush=True)
     return 0
 
 
@@ -230,9 +243,12 @@ def parser() -> argparse.ArgumentParser:
                    "e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion or runs:/<run id>/model")
     r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line")
     r.set_defaults(fn=cmd_run)
-    b = sub.add_parser("bench", help="print the pipeline's overhead figures (no timed tests: numbers to read)")
-    b.add_argument("which", nargs="?", choices=("all", "overhead", "cached"), default="all",
-                   help="overhead: Prefect tasks vs the bare PPO loop; cached: a fully cached `rlhf run full`")
+    b = sub.add_parser("bench", help="print performance figures (no timed tests: numbers to read)")
+    b.add_argument("which", nargs="?", choices=("all", "ppo", "overhead", "cached"), default="all",
+                   help="ppo: bare PPO iterations on the TRL baseline's config; overhead: Prefect tasks vs the bare "
+                   "PPO loop; cached: a fully cached `rlhf run full`")
+    b.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="bench ppo: override one key, e.g. iterations=10 or device=cuda")
     b.add_argument("--iterations", type=int, default=10, help="PPO iterations measured per side (overhead)")
     b.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
     b.set_defaults(fn=cmd_bench)

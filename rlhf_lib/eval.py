@@ -12,6 +12,7 @@ import torch
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.ppo.kl import kl_per_token
 from rlhf_lib.ppo.masked import masked_sum
+from rlhf_lib.ppo.retokenize import retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
 
@@ -44,9 +45,11 @@ class EvalResult:
 def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, batch_size: int = 64,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Generations:
-    """Sample `model` on `prompts` (seeded by `cfg.seed`), and score each response with the RM, the KL to `ref`
-    (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge."""
+    """Sample `model` on `prompts` (seeded by `cfg.seed`), and score each response with the RM (through
+    `reward_tokenizer` when the RM has its own), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in
+    nats) and the judge."""
     gen = torch.Generator().manual_seed(cfg.seed)
     texts, scores, lengths, eos, kls = [], [], [], [], []
     for i in range(0, len(prompts), batch_size):
@@ -55,7 +58,8 @@ def generate_and_score(
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=gen)
         ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature)
         texts += decode_responses(tokenizer, r, rm)
-        scores.append(sequence_scores(reward, *concat(q, qm, r, rm)))
+        scores.append(sequence_scores(reward, *concat(q, qm, r, rm)) if reward_tokenizer is None
+                      else retokenized_scores(reward, reward_tokenizer, tokenizer, q, qm, r, rm))
         lengths.append(rm.sum(1).float())
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id))
         kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1))
@@ -63,11 +67,19 @@ def generate_and_score(
     return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold)
 
 
+def win_rate(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Share of rows where `a` beats `b`, a tie counting half (identical models score 0.5). Shapes: (N,), (N,)."""
+    return float(((a > b).float() + 0.5 * (a == b).float()).mean())
+
+
 def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
-    """Summary metrics of the policy against the SFT model (DESIGN section 4 names)."""
+    """Summary metrics of the policy against the SFT model (DESIGN section 4 names). `win_rate_vs_sft` is judged
+    by the gold judge (null without one); `rm_win_rate_vs_sft` by the reward model PPO optimised, so it measures
+    how well PPO optimised the proxy, not whether the responses got better."""
     m: dict[str, float | None] = {
         "reward_mean": float(policy.scores.mean()),
         "reward_mean_sft": float(sft.scores.mean()),
+        "rm_win_rate_vs_sft": win_rate(policy.scores, sft.scores),
         "kl_to_ref": float(policy.kl_to_ref.mean()),
         "response_length_mean": float(policy.lengths.mean()),
         "response_length_mean_sft": float(sft.lengths.mean()),
@@ -76,10 +88,8 @@ def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
     }
     if policy.gold is not None and sft.gold is not None:
         g_pol, g_sft = torch.tensor(policy.gold), torch.tensor(sft.gold)
-        # A tie counts half a win, so identical models score 0.5.
-        wins = (g_pol > g_sft).float() + 0.5 * (g_pol == g_sft).float()
         m.update(gold_reward_mean=float(g_pol.mean()), gold_reward_mean_sft=float(g_sft.mean()),
-                 win_rate_vs_sft=float(wins.mean()))
+                 win_rate_vs_sft=win_rate(g_pol, g_sft))
     return m
 
 
@@ -99,9 +109,11 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
 def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference)."""
-    pol = generate_and_score(policy, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    base = generate_and_score(sft, sft, reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
+    args = (reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
+    pol = generate_and_score(policy, sft, *args, reward_tokenizer=reward_tokenizer)
+    base = generate_and_score(sft, sft, *args, reward_tokenizer=reward_tokenizer)
     return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),
                       {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()})

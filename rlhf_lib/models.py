@@ -45,14 +45,42 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return fast
 
 
-def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
-    """Load a tokenizer and make sure it has a PAD token distinct from EOS."""
+def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> dict[str, object]:
+    """Keyword arguments of `from_pretrained`: `trust_remote_code` only when asked for (it runs the checkpoint's own
+    Python code), `revision` only when pinned."""
+    kw: dict[str, object] = {"revision": revision} if revision else {}
+    if trust_remote_code:
+        kw["trust_remote_code"] = trust_remote_code
+    return kw
+
+
+def load_tokenizer(name_or_path: str | Path, revision: str | None = None,
+                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load a tokenizer and make sure it has a PAD token distinct from EOS (and an EOS at all)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(name_or_path))
+    tok = AutoTokenizer.from_pretrained(str(name_or_path), **hub_kwargs(revision, trust_remote_code))
+    if tok.eos_token is None:
+        raise ValueError(f"{name_or_path}: the tokenizer has no EOS token; responses could never end")
     if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
         tok.add_special_tokens({"pad_token": PAD_TOKEN})
     return tok
+
+
+def load_pretrained(name_or_path: str | Path, auto_class: str, tokenizer: PreTrainedTokenizerBase,
+                    revision: str | None = None, trust_remote_code: bool = False, **config_kw) -> PreTrainedModel:
+    """`transformers.<auto_class>.from_pretrained` without dropout, with embeddings for every token of `tokenizer`
+    and its PAD id. Dropout goes off in the config before the model is built: its modules read it only then."""
+    import transformers
+
+    kw = hub_kwargs(revision, trust_remote_code)
+    config = transformers.AutoConfig.from_pretrained(str(name_or_path), **kw, **config_kw)
+    _no_dropout(config)
+    config.pad_token_id = tokenizer.pad_token_id
+    model = getattr(transformers, auto_class).from_pretrained(str(name_or_path), config=config, **kw)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer))
+    return model
 
 
 def _no_dropout(config) -> None:
@@ -78,6 +106,8 @@ def gpt2_config(
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        # GPT-2's tanh GELU (the same function as the default "gelu_new") as one fused kernel instead of 7 ops.
+        activation_function="gelu_pytorch_tanh",
     )
     _no_dropout(cfg)
     return cfg
@@ -92,15 +122,14 @@ def build_policy(
     n_embd: int = 128,
     n_positions: int = 128,
     seed: int = 0,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """A causal LM: loaded through `from_pretrained` when `name_or_path` is set, else a fresh GPT-2."""
-    from transformers import AutoModelForCausalLM, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     if name_or_path:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path)
-        _no_dropout(model.config)
-        if model.get_input_embeddings().num_embeddings < len(tokenizer):
-            model.resize_token_embeddings(len(tokenizer))
+        model = load_pretrained(name_or_path, "AutoModelForCausalLM", tokenizer, revision, trust_remote_code)
     else:
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(gpt2_config(tokenizer, n_layer, n_head, n_embd, n_positions))
@@ -109,18 +138,20 @@ def build_policy(
     return model.eval()
 
 
-def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0) -> PreTrainedModel:
+def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0,
+                       trust_remote_code: bool = False) -> PreTrainedModel:
     """A backbone with a scalar `.score` head: the reward model, and the value model of PPO.
 
     `source` is either a causal LM whose backbone weights are copied (the RM starts from SFT, as in InstructGPT)
     or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM).
     """
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     if isinstance(source, (str, Path)):
-        model = AutoModelForSequenceClassification.from_pretrained(str(source), num_labels=1)
-        _no_dropout(model.config)
-        return model.eval()
+        kw = hub_kwargs(None, trust_remote_code)
+        config = AutoConfig.from_pretrained(str(source), num_labels=1, **kw)
+        _no_dropout(config)
+        return AutoModelForSequenceClassification.from_pretrained(str(source), config=config, **kw).eval()
     cfg = source.config.__class__.from_dict(source.config.to_dict())
     cfg.num_labels = 1
     _no_dropout(cfg)
@@ -131,6 +162,19 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0) -> P
         raise ValueError(f"backbone weights missing when copying from the policy: {missing[:5]}")
     # A zero-initialised head makes the untrained RM's score 0 for every input: a neutral start.
     torch.nn.init.zeros_(model.score.weight)
+    return model.eval()
+
+
+def build_reward_base(name_or_path: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0, revision: str | None = None,
+                      trust_remote_code: bool = False) -> PreTrainedModel:
+    """A reward model from a pretrained checkpoint of its own (`reward.name_or_path`): its backbone, and a fresh
+    zero-initialised scalar head (the untrained RM scores every input 0)."""
+    torch.manual_seed(seed)
+    model = load_pretrained(name_or_path, "AutoModelForSequenceClassification", tokenizer, revision,
+                            trust_remote_code, num_labels=1)
+    torch.nn.init.zeros_(model.score.weight)
+    if getattr(model.score, "bias", None) is not None:
+        torch.nn.init.zeros_(model.score.bias)
     return model.eval()
 
 

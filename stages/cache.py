@@ -26,7 +26,7 @@ from stages.tracking import dir_digest, download, manifest_digest, verify_manife
 _TRAIN = ["rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "rlhf_lib.distributed", "stages.models_io",
           "stages.launch"]
 STAGE_CODE: dict[str, list[str]] = {
-    "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "stages.data"],
+    "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "rlhf_lib.models", "stages.data", "stages.models_io"],
     "sft": ["rlhf_lib.sft", *_TRAIN, "stages.sft"],
     "reward": ["rlhf_lib.reward", *_TRAIN, "rlhf_lib.ppo.scoring", "rlhf_lib.ppo.losses", "rlhf_lib.ppo.masked",
                "stages.reward"],
@@ -34,8 +34,8 @@ STAGE_CODE: dict[str, list[str]] = {
     "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.reward", "rlhf_lib.demo_task", *_TRAIN, "stages.eval",
              "stages.report"],
 }
-# Numerics also depend on these libraries' versions.
-_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors")
+# Numerics also depend on these libraries' versions (datasets parses the user's CSV, JSON and Parquet files).
+_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets")
 
 
 class StageResult(BaseModel):

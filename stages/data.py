@@ -1,23 +1,37 @@
-"""Data stage: build (or later, load) and validate the pipeline's data, and version it in MLflow."""
+"""Data stage: build the demo task or read the user's data, validate every row, and version it in MLflow.
+
+Both paths write the same five files (`FILE_NAMES`), so the stages downstream read one contract. Every row is
+validated here, before any training: a bad row fails the stage (FAILED run, nothing registered or cached) or, with
+`data.on_bad_row=skip`, is dropped and counted by reason.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from dataclasses import asdict
 from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
-from rlhf_lib.data import read_pairs, read_prompts, read_ranked, read_sft
+from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft, write_jsonl
+from rlhf_lib.data.chat import Renderer
+from rlhf_lib.data.sources import Source, hub_fingerprint
+from rlhf_lib.data.user import build_user_task
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
+from rlhf_lib.models import load_tokenizer
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.tracking import StageRun
+from stages.models_io import model_source_digest
+from stages.tracking import StageRun, dir_digest
 
 READERS = {"sft": read_sft, "preferences": read_ranked, "prompts_train": read_prompts,
            "prompts_eval": read_prompts, "eval_pairs": read_pairs}
 CONTEXT = {"sft": "training", "preferences": "training", "prompts_train": "training",
            "prompts_eval": "evaluation", "eval_pairs": "evaluation"}
+USER_SOURCES = ("preferences", "eval_preferences", "sft", "prompts", "eval_prompts")
 
 
 def file_digest(data_dir: Path, key: str) -> str:
@@ -25,34 +39,101 @@ def file_digest(data_dir: Path, key: str) -> str:
     return json.loads((data_dir / "manifest.json").read_text())[FILE_NAMES[key]]
 
 
+def source_info(data_dir: Path) -> dict:
+    """What the data stage recorded about its data: `source` ("demo" or "user"), `judge`, row counts, formats."""
+    return json.loads((data_dir / "source.json").read_text())
+
+
 def has_judge(data_dir: Path) -> bool:
-    return json.loads((data_dir / "source.json").read_text()).get("judge") == "demo"
+    return source_info(data_dir).get("judge") == "demo"
 
 
-def _build(cfg: PipelineConfig):
+def dataset_name(data_dir: Path, key: str) -> str:
+    """The MLflow data set name of one file: `demo-<key>`, or `<user source name>-<key>`."""
+    return f"{source_info(data_dir).get('name', 'demo')}-{key}"
+
+
+def _validate_and_log(run: StageRun, paths: dict[str, Path], name: str) -> dict[str, int]:
+    """Read every written file back through the contract's readers (a bad row fails here, before any training),
+    and log each as an MLflow data set. Returns the row counts."""
+    counts = {key: len(READERS[key](paths[key]).rows) for key in paths}
+    for key, path in paths.items():
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        log_dataset(run, rows, source=f"{run.artifact_uri}/data/{path.name}", name=f"{name}-{key}",
+                    context=CONTEXT[key], digest=file_fingerprint(path))
+    return counts
+
+
+def _build_demo(cfg: PipelineConfig):
     def build(run: StageRun, out_dir: Path) -> None:
         paths = build_demo_task(cfg.data, out_dir)
-        # Validate every file before any training starts: a bad row fails here, and nothing is cached.
-        counts = {key: len(READERS[key](paths[key]).rows) for key in paths}
+        counts = _validate_and_log(run, paths, "demo")
         stats = summarize(paths)
         (out_dir / "source.json").write_text(json.dumps({"source": "demo", "judge": "demo", "rows": counts}))
         run.log_metrics({**{f"data/rows_{k}": v for k, v in counts.items()},
                          **{f"data/{k}": v for k, v in stats.items()}}, step=0)
-        for key, path in paths.items():
-            rows = [json.loads(line) for line in path.read_text().splitlines()]
-            log_dataset(run, rows, source=f"{run.artifact_uri}/data/{path.name}", name=f"demo-{key}",
-                        context=CONTEXT[key], digest=_sha(path))
     return build
 
 
-def _sha(path: Path) -> str:
-    import hashlib
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+def _build_user(cfg: PipelineConfig):
+    m = cfg.model
+
+    def template_tokenizer():
+        # Conversational rows are rendered with the policy's chat template, when it has one.
+        return load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code) if m.name_or_path else None
+
+    def build(run: StageRun, out_dir: Path) -> None:
+        task = build_user_task(cfg.data, Renderer(template_tokenizer))
+        paths = {key: write_jsonl(out_dir / FILE_NAMES[key], rows) for key, rows in task.records.items()}
+        name = Source(cfg.data.preferences).name
+        counts = _validate_and_log(run, paths, name)
+        sources = {key: asdict(report) for key, report in task.sources.items()}
+        (out_dir / "source.json").write_text(json.dumps({
+            "source": "user", "judge": None, "name": name, "rows": counts, "sources": sources,
+            "dropped_heldout": task.dropped, "rendering": task.rendering}, indent=1, ensure_ascii=False))
+        metrics = {f"data/rows_{k}": v for k, v in counts.items()}
+        metrics |= {f"data/dropped_heldout_{k}": v for k, v in task.dropped.items()}
+        for key, report in task.sources.items():
+            metrics[f"data/skipped_{key}"] = sum(report.skipped.values())
+            metrics |= {f"data/skipped_{key}/{_slug(reason)}": n for reason, n in report.skipped.items()}
+            if report.skipped:
+                get_run_logger().warning("data: skipped %d bad rows of %s: %s", sum(report.skipped.values()),
+                                         report.source, report.skipped)
+        run.log_metrics(metrics, step=0)
+        run.set_tags({f"rlhf.data.{k}_format": r.format for k, r in task.sources.items()}
+                     | {"rlhf.data.rendering": task.rendering or "text"})
+    return build
+
+
+def user_fingerprint(cfg: PipelineConfig) -> str:
+    """The content identity of the user's data: the bytes of each local file or directory, `datasets`' fingerprint
+    of a hub data set, and the policy's model (its chat template renders conversational rows)."""
+    d = cfg.data
+    parts = {}
+    for key in USER_SOURCES:
+        if spec := getattr(d, key):
+            split = d.eval_split if key.startswith("eval_") else d.split
+            src = Source(spec, split, d.hub_data_dir, d.hub_revision)
+            kind = src.kind
+            parts[key] = (file_fingerprint(src.path) if kind in ("jsonl", "file")
+                          else dir_digest(src.path) if kind == "dir" else "hub:" + hub_fingerprint(src))
+    parts["model"] = model_source_digest(cfg.model.name_or_path, cfg.model.revision)
+    return "user:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 @flow(name="data", flow_run_name="data-{config.name}")
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
-    """Build the demo task deterministically from `data.seed` and log it as versioned data sets."""
-    result, _ = run_cached(ctx, "data", config.data.model_dump(), {}, "demo", _build(config))
+    """Build the demo task deterministically from `data.seed`, or read and validate the user's data (`data.*`
+    sources), and log the five files as versioned data sets."""
+    if not config.data.user_data:
+        result, _ = run_cached(ctx, "data", config.data.model_dump(), {}, "demo", _build_demo(config))
+        return as_state(result)
+    m = config.model
+    section = {"data": config.data.model_dump(),
+               "model": {"name_or_path": m.name_or_path, "revision": m.revision, "trust_remote_code": m.trust_remote_code}}
+    result, _ = run_cached(ctx, "data", section, {}, user_fingerprint(config), _build_user(config))
     return as_state(result)

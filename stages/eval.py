@@ -11,12 +11,15 @@ from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
+from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.eval import evaluate
+from rlhf_lib.models import load_tokenizer
+from rlhf_lib.ppo.retokenize import same_tokenizer
 from rlhf_lib.reward import pairwise_accuracy
 from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.data import file_digest, has_judge
+from stages.data import dataset_name, file_digest, has_judge, source_info
 from stages.models_io import fit_length, load_causal_lm, load_scalar
 from stages.report import CURVES, render_html
 from stages.tracking import StageRun, download, model_version
@@ -38,25 +41,31 @@ def ppo_alarms(ppo_run_id: str) -> list[str]:
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[str, Path],
            upstream: dict[str, StageResult]):
     def build(run: StageRun, out_dir: Path) -> None:
-        policy, tokenizer = load_causal_lm(dirs["ppo"])
-        sft, _ = load_causal_lm(dirs["sft"])
-        reward = load_scalar(dirs["reward"])
+        trust = cfg.model.trust_remote_code
+        policy, tokenizer = load_causal_lm(dirs["ppo"], trust)
+        sft, _ = load_causal_lm(dirs["sft"], trust)
+        reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code)
+        reward_tokenizer = load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
-                    "demo-prompts-eval", "evaluation", file_digest(data_dir, "prompts_eval"))
+                    dataset_name(data_dir, "prompts-eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge = gold_score if has_judge(data_dir) else None
         max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
-        result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge)
+        own = None if same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
+        result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge, reward_tokenizer=own)
         metrics = dict(result.metrics)
+        metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
-        # Accuracy on noise-free pairs measures the RM against the judge; without one it is undefined.
+        # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data.
         max_length = fit_length(cfg.reward.max_length, reward)
-        metrics["reward_model_accuracy"] = pairwise_accuracy(reward, tokenizer, pairs, max_length) if judge else None
+        metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length)
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
+        info = source_info(data_dir)
         summary = {
             "name": cfg.name,
             "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
-            | {"data run": data.mlflow_run_id, "eval prompts": len(prompts)},
+            | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
+               "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only"},
             "metrics": metrics,
         }
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))

@@ -18,16 +18,32 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_d
 
 def fit_length(max_length: int, model: PreTrainedModel) -> int:
     """A configured sequence length, capped at what the model's position embeddings cover."""
-    return min(max_length, model.config.max_position_embeddings)
+    return min(max_length, getattr(model.config, "max_position_embeddings", None) or max_length)
 
 
-def load_causal_lm(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = load_tokenizer(path)
-    return build_policy(tokenizer, str(path)), tokenizer
+def load_causal_lm(path: Path, trust_remote_code: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    return build_policy(tokenizer, str(path), trust_remote_code=trust_remote_code), tokenizer
 
 
-def load_scalar(path: Path) -> PreTrainedModel:
-    return build_scalar_model(path)
+def load_scalar(path: Path, trust_remote_code: bool = False) -> PreTrainedModel:
+    return build_scalar_model(path, trust_remote_code=trust_remote_code)
+
+
+def load_reward_side(reward_dir: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                     trust_remote_code: bool = False):
+    """The frozen RM, PPO's value model and the RM's tokenizer (None when it is the policy's).
+
+    The value model reads the policy's token ids: it starts from the RM when both share a tokenizer (InstructGPT),
+    else from a copy of the policy with a fresh scalar head.
+    """
+    from rlhf_lib.ppo.retokenize import same_tokenizer
+
+    reward = load_scalar(reward_dir, trust_remote_code)
+    reward_tokenizer = load_tokenizer(reward_dir, trust_remote_code=trust_remote_code)
+    if same_tokenizer(tokenizer, reward_tokenizer):
+        return reward, load_scalar(reward_dir, trust_remote_code), None
+    return reward, build_scalar_model(policy), reward_tokenizer
 
 
 def load_policy(uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -36,3 +52,15 @@ def load_policy(uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     from stages.tracking import download
 
     return load_causal_lm(download(uri))
+
+
+def model_source_digest(name_or_path: str | None, revision: str | None = None) -> str:
+    """The identity of a configured pretrained model for cache keys: the content of a local directory (its files
+    can change under the same path), else the hub name and revision."""
+    if not name_or_path:
+        return ""
+    if Path(name_or_path).expanduser().is_dir():
+        from stages.tracking import dir_digest
+
+        return "dir:" + dir_digest(Path(name_or_path).expanduser())
+    return f"hub:{name_or_path}@{revision or 'default'}"

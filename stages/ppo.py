@@ -18,7 +18,10 @@ from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
+from rlhf_lib.data.collate import prompt_truncations
+from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
 from rlhf_lib.ppo.distributed import check_sizes
 from rlhf_lib.ppo.trainer import PPOTrainer
@@ -106,6 +109,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
         key = run.run.data.tags["rlhf.cache_key_pending"]
+        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+        tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
+        run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
         if cfg.resources.num_processes > 1:
             launch_task(cfg, run, key, sft_dir, reward_dir, prompts, ptx, has_judge(data_dir), out_dir)
             return

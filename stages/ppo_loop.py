@@ -23,7 +23,7 @@ from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkp
 from rlhf_lib.ppo.rollout import decode_responses
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.ppo.types import Rollout
-from stages.models_io import load_causal_lm, load_scalar, save_model
+from stages.models_io import load_causal_lm, load_reward_side, save_model
 
 Iterate = Callable[[PPOTrainer], tuple[Rollout, dict[str, float]]]
 
@@ -39,15 +39,19 @@ class Sink(Protocol):
 
 
 def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
-    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model, and the critic
-    the config asks for: a value model initialised from the RM (InstructGPT) or from SFT, or none (a shared value
+    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model (with its own
+    tokenizer when it differs from the policy's), and the critic the config asks for: a value model initialised
+    from the RM (InstructGPT; from SFT when the RM reads other token ids) or from SFT, or none (a shared value
     head, grpo, rloo)."""
-    policy, tokenizer = load_causal_lm(sft_dir)
+    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
     ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
-    value = None
-    if cfg.ppo.has_critic and cfg.ppo.critic == "separate":
-        value = load_scalar(reward_dir) if cfg.ppo.value_init == "reward" else build_scalar_model(policy)
-    return PPOModels(policy=policy, ref=ref, reward=load_scalar(reward_dir), value=value, tokenizer=tokenizer)
+    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code)
+    if not (cfg.ppo.has_critic and cfg.ppo.critic == "separate"):
+        value = None
+    elif cfg.ppo.value_init == "sft" and reward_tokenizer is None:
+        value = build_scalar_model(policy)
+    return PPOModels(policy=policy, ref=ref, reward=reward, value=value, tokenizer=tokenizer,
+                     reward_tokenizer=reward_tokenizer)
 
 
 def build_trainer(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path, prompts: Sequence[str],

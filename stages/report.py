@@ -121,17 +121,34 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+NO_JUDGE = "n/a: no gold judge"
+SINGLE = [("win rate vs SFT (gold judge)", "win_rate_vs_sft"),
+          ("win rate vs SFT (RM-judged: the proxy PPO optimised)", "rm_win_rate_vs_sft"),
+          ("KL to SFT (nats/response)", "kl_to_ref"), ("share without EOS", "no_eos_frac"),
+          ("RM accuracy on held-out pairs", "reward_model_accuracy"), ("prompts cut on the left", "truncated_prompts")]
+
+
+def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held-out metrics, policy next to SFT. Gold rows say so when the data has no judge (user data)."""
+    pairs = [("gold reward (judge)", "gold_reward_mean", "gold_reward_mean_sft"),
+             ("RM reward", "reward_mean", "reward_mean_sft"),
+             ("response length (tokens)", "response_length_mean", "response_length_mean_sft")]
+    judged = metrics.get("gold_reward_mean") is not None
+
+    def value(key: str) -> Any:
+        return NO_JUDGE if not judged and key in ("gold_reward_mean", "win_rate_vs_sft") else metrics.get(key)
+
+    table = [{"metric": name, "PPO policy": value(a), "SFT": NO_JUDGE if value(a) == NO_JUDGE else metrics.get(b)}
+             for name, a, b in pairs]
+    return table + [{"metric": name, "PPO policy": value(k), "SFT": None} for name, k in SINGLE if k in metrics]
+
+
 def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, float]]],
                 samples: list[dict[str, Any]], lengths: dict[str, list[float]] | None = None,
                 alarms: list[str] | None = None) -> str:
     """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT); `alarms` the PPO run's alarms."""
     metrics = summary["metrics"]
-    pairs = [("gold reward (judge)", "gold_reward_mean", "gold_reward_mean_sft"),
-             ("RM reward", "reward_mean", "reward_mean_sft"),
-             ("response length (tokens)", "response_length_mean", "response_length_mean_sft")]
-    table = [{"metric": name, "PPO policy": metrics.get(a), "SFT": metrics.get(b)} for name, a, b in pairs]
-    table += [{"metric": k, "PPO policy": metrics.get(k), "SFT": None}
-              for k in ("win_rate_vs_sft", "kl_to_ref", "no_eos_frac", "reward_model_accuracy")]
+    table = metrics_table(metrics)
     lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
     curves = _img(curves_png(history), "PPO curves")
     overopt = _img(overoptimisation_png(history), "proxy and gold reward against KL")

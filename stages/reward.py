@@ -1,4 +1,5 @@
-"""Reward-model stage: Bradley-Terry over every pair of each ranked list, initialised from the SFT model."""
+"""Reward-model stage: Bradley-Terry over every pair of each ranked list, initialised from the SFT model (or from
+`reward.name_or_path`, a pretrained base with its own tokenizer)."""
 
 from __future__ import annotations
 
@@ -8,31 +9,45 @@ from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
+from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
-from rlhf_lib.models import build_policy, build_scalar_model
+from rlhf_lib.models import build_policy, build_reward_base, build_scalar_model, load_tokenizer
 from rlhf_lib.reward import pairwise_accuracy
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.data import file_digest
+from stages.data import dataset_name, file_digest
 from stages.launch import numerics_section, train_supervised
-from stages.models_io import fit_length, load_causal_lm, save_model
+from stages.models_io import fit_length, load_causal_lm, model_source_digest, save_model
 from stages.tracking import StageRun, download
+
+
+def build_reward(cfg: PipelineConfig, sft_dir: Path):
+    """The untrained reward model and its tokenizer: from `reward.name_or_path` (its own tokenizer), from the SFT
+    model (InstructGPT), or a fresh model of the policy's sizes (`reward.init_from_sft=false`)."""
+    r = cfg.reward
+    if r.name_or_path:
+        tokenizer = load_tokenizer(r.name_or_path, r.revision, r.trust_remote_code)
+        return build_reward_base(r.name_or_path, tokenizer, r.seed, r.revision, r.trust_remote_code), tokenizer
+    sft_model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
+    if not r.init_from_sft:
+        m = cfg.model
+        sft_model = build_policy(tokenizer, None, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                                 n_positions=m.n_positions, seed=r.seed)
+    return build_scalar_model(sft_model, seed=r.seed), tokenizer
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path):
     def build(run: StageRun, out_dir: Path) -> None:
-        sft_model, tokenizer = load_causal_lm(sft_dir)
-        if not cfg.reward.init_from_sft:
-            m = cfg.model
-            sft_model = build_policy(tokenizer, None, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                                     n_positions=m.n_positions, seed=cfg.reward.seed)
-        model = build_scalar_model(sft_model, seed=cfg.reward.seed)
-        del sft_model
+        model, tokenizer = build_reward(cfg, sft_dir)
         examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
-                    f"{data.artifact_uri}/{FILE_NAMES['preferences']}", "demo-preferences", "training",
-                    file_digest(data_dir, "preferences"))
+                    f"{data.artifact_uri}/{FILE_NAMES['preferences']}", dataset_name(data_dir, "preferences"),
+                    "training", file_digest(data_dir, "preferences"))
         rcfg = cfg.reward.model_copy(update={"max_length": fit_length(cfg.reward.max_length, model)})
+        cut = truncation_counts(tokenizer, [e.prompt for e in examples for _ in e.responses],
+                                [r for e in examples for r in e.responses], rcfg.max_length)
+        run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
+                        step=0)
         model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
                                         lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
@@ -44,12 +59,15 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
 
 @flow(name="reward", flow_run_name="reward-{config.name}")
 def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
-    """Train the reward model on ranked lists; report pairwise accuracy on noise-free held-out pairs."""
+    """Train the reward model on ranked lists; report pairwise accuracy on held-out pairs."""
     data_dir = download(data.artifact_uri)
     sft_dir = download(sft.artifact_uri)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
-    # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false).
+    fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)
+    # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false); an RM from its own
+    # base model does not depend on SFT at all.
     section = {"reward": config.reward.model_dump(), "model": config.model.model_dump(),
                **numerics_section(config.resources)}
-    result, _ = run_cached(ctx, "reward", section, {"sft": sft}, fingerprint, _build(config, data_dir, data, sft_dir))
+    upstream = {} if config.reward.name_or_path else {"sft": sft}
+    result, _ = run_cached(ctx, "reward", section, upstream, fingerprint, _build(config, data_dir, data, sft_dir))
     return as_state(result)

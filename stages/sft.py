@@ -9,13 +9,14 @@ from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_ranked, read_sft
+from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.models import build_policy, count_parameters, load_tokenizer, train_tokenizer
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.data import file_digest
+from stages.data import dataset_name, file_digest
 from stages.launch import numerics_section, train_supervised
-from stages.models_io import fit_length, save_model
+from stages.models_io import fit_length, model_source_digest, save_model
 from stages.tracking import StageRun, download
 
 
@@ -32,18 +33,22 @@ def tokenizer_corpus(data_dir: Path):
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
     def build(run: StageRun, out_dir: Path) -> None:
         torch.manual_seed(cfg.model.seed)
-        if cfg.model.name_or_path:
-            tokenizer = load_tokenizer(cfg.model.name_or_path)
-        else:
-            tokenizer = train_tokenizer(tokenizer_corpus(data_dir), cfg.model.vocab_size)
         m = cfg.model
+        if m.name_or_path:
+            tokenizer = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code)
+        else:
+            tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size)
         model = build_policy(tokenizer, m.name_or_path, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                             n_positions=m.n_positions, seed=m.seed)
+                             n_positions=m.n_positions, seed=m.seed, revision=m.revision,
+                             trust_remote_code=m.trust_remote_code)
         examples = read_sft(data_dir / FILE_NAMES["sft"]).rows
         log_dataset(run, [e.__dict__ for e in examples], f"{data.artifact_uri}/{FILE_NAMES['sft']}",
-                    "demo-sft", "training", file_digest(data_dir, "sft"))
+                    dataset_name(data_dir, "sft"), "training", file_digest(data_dir, "sft"))
         run.log_params({"model.parameters": count_parameters(model), "model.vocab": len(tokenizer)})
-        sft_cfg = cfg.sft.model_copy(update={"max_length": fit_length(cfg.sft.max_length, model)})
+        sft_cfg = cfg.sft.model_copy(update={"max_length": fit_length(min(cfg.sft.max_length, m.n_positions), model)})
+        cut = truncation_counts(tokenizer, [e.prompt for e in examples], [e.response for e in examples],
+                                sft_cfg.max_length)
+        run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
         model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
                                         lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
         run.log_metrics(final, step=0)
@@ -56,7 +61,8 @@ def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> Sta
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
     data_dir = download(data.artifact_uri)
     section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
-    # The tokenizer is trained on these three files, the model on the first.
+    # The tokenizer is trained on these three files, the model on the first; a local pretrained model by content.
     fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))
+    fingerprint += model_source_digest(config.model.name_or_path, config.model.revision)
     result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))
     return as_state(result)

@@ -17,6 +17,9 @@ os.environ["PREFECT_UI_ENABLED"] = "false"
 # A loaded CI machine can take longer than the default 20 s to start the in-process Prefect server.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+# trust_remote_code copies a checkpoint's code into the modules cache; datasets keeps Arrow files in its cache.
+os.environ["HF_MODULES_CACHE"] = str(_SESSION_TMP / "hf-modules")
+os.environ["HF_DATASETS_CACHE"] = str(_SESSION_TMP / "hf-datasets")
 os.environ["RLHF_HOME"] = str(_SESSION_TMP / "rlhf-home")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("PREFECT_API_URL", None)

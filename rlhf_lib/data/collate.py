@@ -24,15 +24,42 @@ def encode_prompt_response(
     r = tokenizer(response, add_special_tokens=False)["input_ids"]
     if add_eos:
         r = r + [tokenizer.eos_token_id]
-    overflow = len(p) + len(r) - max_length
-    if overflow > 0:
-        cut_p = min(overflow, max(0, len(p) - max_length // 2))
-        p = p[cut_p:]
-        overflow -= cut_p
-    if overflow > 0:
-        keep = len(r) - overflow
+    cut_p, cut_r = cuts(len(p), len(r), max_length)
+    p = p[cut_p:]
+    if cut_r:
+        keep = len(r) - cut_r
         r = r[: keep - 1] + r[-1:] if add_eos else r[:keep]
     return p + r, len(p)
+
+
+def cuts(n_prompt: int, n_response: int, max_length: int) -> tuple[int, int]:
+    """Tokens cut from the left of the prompt and from the right of the response so that both fit `max_length`:
+    the prompt first, down to half of `max_length`, then the response.
+
+    >>> cuts(10, 4, 8)  # 6 too many: the prompt gives 6 (keeping 4 >= 8 // 2), the response nothing
+    (6, 0)
+    >>> cuts(10, 8, 8)  # 10 too many: the prompt gives 6, the response 4
+    (6, 4)
+    """
+    overflow = n_prompt + n_response - max_length
+    cut_p = min(max(overflow, 0), max(0, n_prompt - max_length // 2))
+    return cut_p, max(overflow - cut_p, 0)
+
+
+def truncation_counts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], responses: Sequence[str],
+                      max_length: int) -> dict[str, int]:
+    """How many (prompt, response + EOS) rows `encode_prompt_response` cuts: {"prompts": rows whose prompt loses
+    tokens on the left, "responses": rows whose response loses tokens on the right}."""
+    n_p = [len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+    n_r = [len(ids) + 1 for ids in tokenizer(list(responses), add_special_tokens=False)["input_ids"]]
+    both = [cuts(a, b, max_length) for a, b in zip(n_p, n_r)]
+    return {"prompts": sum(c > 0 for c, _ in both), "responses": sum(c > 0 for _, c in both)}
+
+
+def prompt_truncations(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_prompt_tokens: int) -> int:
+    """How many prompts lose tokens on the left when kept to their last `max_prompt_tokens` (PPO, eval)."""
+    lengths = (len(ids) for ids in tokenizer(list(prompts), add_special_tokens=False)["input_ids"])
+    return sum(n > max_prompt_tokens for n in lengths)
 
 
 def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

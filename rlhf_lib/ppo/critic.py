@@ -126,13 +126,14 @@ class Critic:
         return None
 
     def forward(self, policy: PreTrainedModel, query: Tensor, query_mask: Tensor, response: Tensor,
-                response_mask: Tensor, temperature: float, train_policy: bool, entropy_grad: bool = True
-                ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+                response_mask: Tensor, temperature: float, train_policy: bool, entropy_grad: bool = True,
+                with_values: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         """The update's forward: (log-probs, entropy, values), each (B, R) and 0 on padding.
 
         Without `train_policy` (critic warm-up) the policy's log-probs are not computed (None) and a shared
         backbone runs without gradient: only the critic's own parameters learn. Without `entropy_grad` the entropy
         is computed from detached logits (logged only: its (B, R, V) softmax stays out of the backward pass).
+        `with_values=False` leaves a separate value model's forward to the caller (values None).
         """
         if self.kind == "shared":
             return _shared_forward(policy, self._net, query, query_mask, response, response_mask, temperature,
@@ -141,7 +142,7 @@ class Critic:
         if train_policy:
             logits = response_logits(policy, query, query_mask, response, response_mask, temperature)
             logprobs, entropy = _logprobs_entropy(logits, response, response_mask, entropy_grad)
-        values = self.values(policy, query, query_mask, response, response_mask)
+        values = self.values(policy, query, query_mask, response, response_mask) if with_values else None
         return logprobs, entropy, values
 
 

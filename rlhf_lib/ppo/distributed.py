@@ -72,16 +72,13 @@ class RowShard:
     total: int
     group: Group
 
-    def draw(self, probs: Tensor, generator: torch.Generator | None) -> Tensor:
-        """One token per local row: exactly `torch.multinomial(P, 1, generator)` of the global probabilities P,
-        restricted to these rows. Shape: probs (n, V) -> (n,).
+    def uniforms(self, steps: int, n: int, generator: torch.Generator | None) -> Tensor:
+        """The uniforms of `sample`'s inverse-CDF draws for these n rows. Shape: (steps, n).
 
-        For one sample torch draws q ~ Exp(1) of P's shape and takes argmax(P / q) (the exponential form of the
-        Gumbel-max trick; ATen `multinomial`); drawing the (total, V) noise and keeping our rows steps the
-        generator exactly as one process does and gives our rows its tokens.
+        They are exactly those of sampling the whole batch in one process: drawing the (steps, total) block steps
+        the generator as one process does, and these rows get their columns of it.
         """
-        noise = torch.empty((self.total, probs.shape[-1]), dtype=probs.dtype).exponential_(1, generator=generator)
-        return (probs / noise[self.start : self.start + probs.shape[0]].to(probs.device)).argmax(-1)
+        return torch.rand((steps, self.total), generator=generator)[:, self.start : self.start + n]
 
     def all_done(self, done: Tensor) -> bool:
         """Whether every row of every process is done: all processes run the same number of steps."""

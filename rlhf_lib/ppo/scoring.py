@@ -32,8 +32,11 @@ def cache_kwarg(model_cls: type) -> str:
 
 
 def concat(query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor, response_mask: torch.Tensor):
-    """Shapes: (B, P), (B, P), (B, R), (B, R) -> ids (B, P+R), mask (B, P+R)."""
-    return torch.cat([query, response], 1), torch.cat([query_mask.long(), response_mask.long()], 1)
+    """Shapes: (B, P), (B, P), (B, R), (B, R) -> ids (B, P+R), mask (B, P+R), on the response's device (prompts
+    are tokenized on the CPU; responses come from the policy's device)."""
+    dev = response.device
+    return (torch.cat([query.to(dev), response], 1),
+            torch.cat([query_mask.to(dev).long(), response_mask.long()], 1))
 
 
 def backbone_hidden(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
 from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
 from rlhf_lib.ppo.masked import masked_mean, masked_whiten
 from rlhf_lib.ppo.metrics import UPDATE_METRICS, explained_variance, spread
+from rlhf_lib.ppo.retokenize import retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.sampler import PromptSampler
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
@@ -70,7 +71,8 @@ class PPOTrainer:
             groups.append({"params": list(self.critic.module.parameters()), "lr": cfg.value_lr or cfg.lr,
                            "name": "value"})
         # Adam eps 1e-5 rather than 1e-8: "The 37 Implementation Details of PPO" (#3) and the OpenAI baselines.
-        self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps)
+        # fused: one kernel per parameter tensor; the default for-each Adam costs several times more on CPU.
+        self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps, fused=True)
         # What the update calls: the policy, or its DDP wrapper (then the critic's forward is wrapped too).
         self.policy_module, self.optimizer = self.dist.prepare(models.policy, self.critic, self.optimizer,
                                                                frozen=(models.ref, models.reward))
@@ -136,7 +138,7 @@ class PPOTrainer:
         with adapters_off(self.peft):
             ro.ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
         ro.values = self.critic.values(self.m.policy, *args)
-        ro.raw_scores = sequence_scores(self.m.reward, *concat(*args))
+        ro.raw_scores = self._rm_scores(*args)
         self.timings["score_s"] = time.perf_counter() - t0
 
     @property
@@ -153,9 +155,19 @@ class PPOTrainer:
         """The trained policy as a plain transformers model (LoRA adapters merged in) for saving and registering."""
         return merged_copy(self.peft) if self.peft is not None else self.m.policy
 
+    def _rm_scores(self, query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
+                   response_mask: torch.Tensor) -> torch.Tensor:
+        """Raw RM scores (B,), read at the last real token; an RM with its own tokenizer reads the decoded text."""
+        if self.m.reward_tokenizer is None:
+            return sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask))
+        return retokenized_scores(self.m.reward, self.m.reward_tokenizer, self.m.tokenizer, query, query_mask,
+                                  response, response_mask)
+
     def _set_rm_offset(self, offset: float | None) -> None:
         self.rm_offset = offset
-        if self.critic.kind == "separate" and self.cfg.value_init == "reward":
+        # A value model copied from the RM predicts raw scores; one built from SFT (or for an RM that reads other
+        # token ids) starts at 0 and needs no shift.
+        if self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.m.reward_tokenizer is None:
             self.critic.offset = offset or 0.0
 
     def _rm_offset(self) -> float:
@@ -175,7 +187,7 @@ class PPOTrainer:
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
                     shard=self.dist.row_shard(len(chunk)),
                 )
-            total += float(sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask)).sum())
+            total += float(self._rm_scores(query, query_mask, response, response_mask).sum())
         return self.dist.sum([total])[0] / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------

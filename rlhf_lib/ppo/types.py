@@ -77,3 +77,4 @@ class PPOModels:
     reward: PreTrainedModel
     value: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
+    reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's

@@ -59,13 +59,20 @@ def _label_tokens(batch: dict[str, torch.Tensor]) -> float:
     return float((batch["labels"][:, 1:] != -100).sum())
 
 
-def _micro_loss(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOConfig, train_policy: bool,
-                weight: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro-batch, scaled by its share `weight` of the minibatch's real tokens, so that summing the
-    micro-batches' gradients gives exactly the gradient of the token-level mean over the whole minibatch."""
+def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOConfig, train_policy: bool,
+                    weight: float, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
+    """Forward and backward of one micro-batch's loss, scaled by its share `weight` of the minibatch's real
+    tokens, so that the micro-batches' gradients add up to exactly the gradient of the token-level mean over the
+    whole minibatch. `backward` runs each backward pass (`Solo.backward` or its multi-process form). Returns the
+    scaled loss and stats.
+
+    A separate value model shares no weight with the policy, so the policy's terms are backpropagated before the
+    value model runs: the same gradients as one backward of the sum, with one model's activations alive at a time.
+    """
     mask = mb.response_mask
-    logprobs, entropy, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask,
-                                               cfg.temperature, train_policy, entropy_grad=cfg.ent_coef > 0)
+    separate = critic.kind == "separate"
+    logprobs, entropy, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask, cfg.temperature,
+                                               train_policy, entropy_grad=cfg.ent_coef > 0, with_values=not separate)
     loss = torch.zeros((), dtype=torch.float32)
     stats: dict[str, float] = {}
     if logprobs is not None:
@@ -73,11 +80,20 @@ def _micro_loss(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOCo
         ent = masked_mean(entropy, mask)
         loss = loss + pg - cfg.ent_coef * ent
         stats.update(pg_stats, entropy=float(ent.detach()))
+    if separate:
+        total = 0.0
+        if loss.requires_grad:
+            backward(loss * weight)
+            total = float(loss.detach())
+        loss = torch.zeros((), dtype=torch.float32) + total
+        values = critic.values(policy, mb.query, mb.query_mask, mb.response, mask)
     if values is not None:
         vf, vf_stats = value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         loss = loss + cfg.vf_coef * vf
         stats.update(vf_stats)
-    return loss * weight, {k: v * weight for k, v in stats.items()}
+    if loss.requires_grad:
+        backward(loss * weight)
+    return float(loss.detach()) * weight, {k: v * weight for k, v in stats.items()}
 
 
 def ppo_epochs(
@@ -131,10 +147,9 @@ def ppo_epochs(
             for m0 in range(0, len(rows), micro):
                 part = trim_padding(rollout.minibatch(rows[m0 : m0 + micro]))
                 with dist.accumulating(skip_sync=m0 + micro < len(rows)):
-                    loss, stats = _micro_loss(policy, critic, part, cfg, train_policy,
-                                              float(part.response_mask.sum()) / mb_tokens)
-                    dist.backward(loss)
-                loss_total += float(loss.detach())
+                    loss, stats = _micro_backward(policy, critic, part, cfg, train_policy,
+                                                  float(part.response_mask.sum()) / mb_tokens, dist.backward)
+                loss_total += loss
                 for k, v in stats.items():
                     mb_stats[k] += v
             if use_ptx:

@@ -11,26 +11,12 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import load_config
 
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 EVAL_KEYS = {"reward_mean", "gold_reward_mean", "gold_reward_mean_sft", "win_rate_vs_sft", "kl_to_ref",
              "response_length_mean", "reward_model_accuracy"}
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rlhf-home")
-    old = os.environ.get("RLHF_HOME")
-    os.environ["RLHF_HOME"] = str(path)
-    with prefect_test_harness(server_startup_timeout=120):
-        yield path
-    if old is None:
-        os.environ.pop("RLHF_HOME", None)
-    else:
-        os.environ["RLHF_HOME"] = old
 
 
 def statuses(summary):

@@ -71,8 +71,7 @@ BAD: list[tuple[str, bytes, str, str | None, str]] = [
     ("ranked", dump({"prompt": P, "responses": [" a", " "], "ranking": [0, 1]}), "empty text", "responses", "item 1"),
     ("sft", b'{"prompt": "' + P.encode("unicode_escape") + b'", "response": "\\ud800"}', "invalid text", "response",
      "lone surrogate"),
-    ("sft", dump({"prompt": "Human: hi Assistant:", "response": " a"}), "no assistant turn", "prompt", "field 'prompt'"),
-    ("prompts", dump({"prompt": "\n\nHuman: hi"}), "no assistant turn", "prompt", "Assistant:"),
+    ("prompts", dump({"prompt": " "}), "empty text", "prompt", "field 'prompt': empty"),
     ("pairs", dump({"prompt": P, "chosen": " same", "rejected": " same"}), "chosen equals rejected", "rejected",
      "'chosen' and 'rejected'"),
     ("ranked", dump({"prompt": P, "responses": [" a"], "ranking": [0]}), "too few responses", "responses", ">= 2"),
@@ -118,6 +117,23 @@ def test_skip_mode_counts_several_reasons(tmp_path: Path) -> None:
     assert result.rows == [SFTExample(P, " Sure.")] * 2
     assert result.skipped == {"invalid json": 1, "not an object": 1, "missing field": 2, "empty text": 1}
     assert result.path == path
+
+
+def test_prompts_need_no_hh_turn_and_sft_prompts_may_be_empty(tmp_path: Path) -> None:
+    # The HH-transcript rule belongs to the hh format (tests/rlhf_lib/data/test_hh.py); the pipeline's own files
+    # also hold chat-template prompts, TRL-standard prompts and plain-text SFT (empty prompt).
+    path = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "", "response": "all of it"}, {"prompt": "Q?", "response": " A"}])
+    assert read_sft(path).rows == [SFTExample("", "all of it"), SFTExample("Q?", " A")]
+    assert read_prompts(write_jsonl(tmp_path / "p.jsonl", [{"prompt": "<|user|>hi<|assistant|>"}])).rows
+
+
+def test_skip_mode_keeps_the_first_messages_of_each_reason(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\n".join([dump(OK["prompts"])] + [b"nope"] * 5))
+    result = read_prompts(path, on_bad_row="skip")
+    assert result.skipped == {"invalid json": 5}
+    assert result.examples["invalid json"][0].startswith(f"{path}:2: invalid JSON")
+    assert len(result.examples["invalid json"]) == 3
 
 
 def test_ranking_is_applied_best_first(tmp_path: Path) -> None:

@@ -122,3 +122,33 @@ def test_ptx_term_is_added_to_every_step(tiny_tokenizer, tiny_policy):
     assert len(calls) == 2 and stats["ptx_loss"] > 0
     # With lr 0 the policy is unchanged, so total = policy loss + 0.5 * ptx exactly.
     assert stats["loss"] == pytest.approx(stats["policy_loss"] + 0.5 * stats["ptx_loss"], rel=1e-5)
+
+
+def test_separate_critic_backward_in_two_parts_gives_the_gradient_of_the_summed_loss(tiny_tokenizer, tiny_policy):
+    """The update backpropagates the policy's terms before running the value model (to keep one model's activations
+    alive at a time); the step must equal one SGD step on the gradient of the summed loss."""
+    from rlhf_lib.ppo.losses import policy_loss, value_loss
+    from rlhf_lib.ppo.masked import masked_mean
+
+    value = build_scalar_model(tiny_policy, seed=1)
+    cfg = PPOConfig(batch_size=8, minibatches=1, epochs=1, max_new_tokens=6, temperature=1.0, ent_coef=0.01,
+                    vf_coef=0.5, max_grad_norm=1e9)
+    critic = Critic.build("separate", tiny_policy, value)
+    ro = _rollout(tiny_tokenizer, tiny_policy, critic)
+    ref_policy, ref_value = copy.deepcopy(tiny_policy), copy.deepcopy(value)
+    ref_critic = Critic.build("separate", ref_policy, ref_value)
+
+    ppo_epochs(tiny_policy, critic, _optimizer(tiny_policy, critic), ro, cfg, torch.Generator().manual_seed(0))
+
+    ref_policy.train()
+    ref_value.train()
+    q, qm, r, m = (t.clone() for t in (ro.query, ro.query_mask, ro.response, ro.response_mask))  # not inference
+    logprobs, entropy, values = ref_critic.forward(ref_policy, q, qm, r, m, 1.0, True)
+    loss = (policy_loss(logprobs, ro.logprobs, ro.advantages, m, cfg.clip_eps)[0] - cfg.ent_coef * masked_mean(entropy, m)
+            + cfg.vf_coef * value_loss(values, ro.values, ro.returns, m, cfg.value_clip)[0])
+    loss.backward()
+    opt = _optimizer(ref_policy, ref_critic)
+    opt.step()
+    for model, ref in ((tiny_policy, ref_policy), (value, ref_value)):
+        for a, b in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

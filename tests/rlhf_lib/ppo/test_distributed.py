@@ -8,18 +8,24 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.ppo.distributed import RowShard, Solo, check_sizes
+from rlhf_lib.ppo.rollout import encode_prompts, sample
 
 
-def test_each_shard_draws_the_tokens_of_one_process_and_steps_the_generator_alike():
-    # 6 rows over 3 processes (rows 0-1, 2-3, 4-5), vocabulary 50, two draws in a row.
-    probs = torch.softmax(torch.randn(6, 50, generator=torch.Generator().manual_seed(1)), -1)
+def test_each_shard_samples_the_tokens_of_one_process_and_steps_the_generator_alike(tiny_tokenizer, tiny_policy):
+    # 6 rows over 3 processes (rows 0-1, 2-3, 4-5), fixed-length sampling so no process group is needed.
+    prompts = [f"\n\nHuman: question {i}\n\nAssistant:" for i in range(6)]
+    query, query_mask = encode_prompts(tiny_tokenizer, prompts, 16)
+    kw = dict(max_new_tokens=5, temperature=0.7, eos_token_id=tiny_tokenizer.eos_token_id,
+              pad_token_id=tiny_tokenizer.pad_token_id, stop_at_eos=False)
     one = torch.Generator().manual_seed(7)
-    expected = [torch.multinomial(probs, 1, generator=one).squeeze(-1) for _ in range(2)]
+    expected = sample(tiny_policy, query, query_mask, generator=one, **kw)
     for start in (0, 2, 4):
         gen = torch.Generator().manual_seed(7)
-        shard = RowShard(start, 6, group=Solo())
-        drawn = [shard.draw(probs[start : start + 2], gen) for _ in range(2)]
-        assert [d.tolist() for d in drawn] == [e[start : start + 2].tolist() for e in expected]
+        rows = slice(start, start + 2)
+        got = sample(tiny_policy, query[rows], query_mask[rows], generator=gen,
+                     shard=RowShard(start, 6, group=Solo()), **kw)
+        assert torch.equal(got[0], expected[0][rows])
+        torch.testing.assert_close(got[2], expected[2][rows], atol=1e-5, rtol=1e-5)
         assert torch.equal(gen.get_state(), one.get_state())
 
 

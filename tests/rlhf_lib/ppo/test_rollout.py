@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
-from rlhf_lib.ppo.scoring import response_logprobs
+from rlhf_lib.ppo.rollout import _draw, decode_responses, encode_prompts, ends_with_eos, preallocated_cache, sample
+from rlhf_lib.ppo.scoring import concat, position_ids, response_logprobs
 
 PROMPTS = ["\n\nHuman: tell me about topic 3\n\nAssistant:", "\n\nHuman: hi\n\nAssistant:"]
 
@@ -29,6 +29,56 @@ def test_sampling_logprobs_equal_a_plain_forward_at_the_same_temperature(tiny_to
         with torch.no_grad():
             again, _ = response_logprobs(tiny_policy, q, m, r, rm, temperature)
         torch.testing.assert_close(lp * rm, again, atol=1e-5, rtol=1e-5)
+
+
+def test_fast_path_logprobs_equal_a_plain_full_forward(tiny_tokenizer, tiny_policy):
+    # The sampling loop (KV cache preallocated, LM head on the last position only) against one forward over the
+    # whole left-padded sequence with every position projected and no cache: log-probs must agree.
+    for stop_at_eos in (True, False):
+        q, m, r, rm, lp = _sample(tiny_policy, tiny_tokenizer, 0.7, max_new_tokens=10, stop_at_eos=stop_at_eos)
+        ids, mask = concat(q, m, r, rm)
+        with torch.no_grad():
+            logits = tiny_policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+        p = q.shape[1]
+        full = torch.log_softmax(logits[:, p - 1 : -1].float() / 0.7, -1).gather(-1, r.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(lp, full * rm, atol=1e-5, rtol=1e-5)
+
+
+def test_preallocated_cache_gives_the_logits_of_the_growing_cache(tiny_tokenizer, tiny_policy):
+    from transformers import DynamicCache
+
+    q, m = encode_prompts(tiny_tokenizer, PROMPTS, 64)
+    steps = torch.randint(0, len(tiny_tokenizer), (q.shape[0], 3), generator=torch.Generator().manual_seed(0))
+    fast = preallocated_cache(tiny_policy, q.shape[1] + 3)
+    assert {type(layer).__name__ for layer in fast.layers} == {"PreallocatedLayer"}
+    outs = []
+    for kv in (fast, DynamicCache(config=tiny_policy.config)):
+        attn, logits = m, []
+        with torch.no_grad():
+            out = tiny_policy(input_ids=q, attention_mask=attn, position_ids=position_ids(attn), cache=kv,
+                              use_cache=True)
+            for t in range(3):
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+                out = tiny_policy(input_ids=steps[:, t : t + 1], attention_mask=attn,
+                                  position_ids=position_ids(attn)[:, -1:], cache=out.cache, use_cache=True)
+                logits.append(out.logits[:, -1])
+        outs.append(torch.stack(logits))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-6, rtol=1e-6)
+
+
+def test_inverse_cdf_draw_by_hand():
+    # p = [0.2, 0, 0.5, 0.3] -> cdf [0.2, 0.2, 0.7, 1.0]; token = first index whose cdf exceeds u.
+    logp = torch.tensor([0.2, 0.0, 0.5, 0.3]).log().expand(5, 4)
+    u = torch.tensor([0.1, 0.2, 0.25, 0.7, 0.99])
+    assert _draw(logp, u).tolist() == [0, 2, 2, 3, 3]  # never 1, the token of probability 0
+
+
+def test_inverse_cdf_draw_follows_the_distribution():
+    p = torch.softmax(torch.tensor([1.0, 0.0, -1.0, 2.0, 0.5]), -1)
+    n = 40_000
+    u = torch.rand(n, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(_draw(p.log().expand(n, 5), u), minlength=5).float() / n
+    torch.testing.assert_close(counts, p, atol=0.01, rtol=0)  # ~4 standard errors at n = 40k
 
 
 def test_after_eos_everything_is_padding(tiny_tokenizer, tiny_policy):

@@ -1,0 +1,110 @@
+"""Config of the data and of the policy model: the demo task, or user data sets and pretrained models."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rlhf_lib.config.base import Section
+
+COLUMN_NAMES = {
+    "preferences_columns": ("prompt", "chosen", "rejected", "responses", "ranking", "scores"),
+    "sft_columns": ("prompt", "completion", "response", "messages", "text"),
+    "prompts_columns": ("prompt",),
+}
+
+
+class DataConfig(Section):
+    """The built-in demo task (see data/README.md); paths override it with user data."""
+
+    seed: int = Field(0, description="Seed of the demo task generator: same seed, same data, byte for byte.")
+    n_train_prompts: int = Field(512, ge=8, description="Training prompts (SFT, reward model and PPO draw from them).")
+    n_eval_prompts: int = Field(64, ge=4, description="Held-out prompts, from slot combinations never seen in training.")
+    sft_per_prompt: int = Field(2, ge=1, description="SFT demonstrations per training prompt.")
+    ranked_per_prompt: int = Field(1, ge=1, description="Ranked lists per training prompt for the reward model.")
+    responses_per_list: int = Field(4, ge=2, description="K: responses per ranked list (K(K-1)/2 pairs each).")
+    rank_noise: float = Field(
+        0.5, ge=0.0, description="Bradley-Terry noise of the labeller: Gumbel scale added to the gold score "
+        "before ranking (0 = the gold order exactly).",
+    )
+    eval_pairs_per_prompt: int = Field(2, ge=1, description="Noise-free held-out pairs per eval prompt (RM accuracy).")
+    # User data (README "Your own data and models"): a source is a local file (.jsonl, .json, .csv, .parquet), a
+    # local directory of data files, or a hub data set name, read through `datasets`.
+    preferences: str | None = Field(None, description="Preference data (pairs or ranked lists): file, directory or "
+                                    "hub data set. null = the demo task.")
+    sft: str | None = Field(None, description="SFT demonstrations; null = the best response of each training "
+                            "preference.")
+    prompts: str | None = Field(None, description="PPO training prompts; null = the prompts of the training "
+                                "preferences.")
+    eval_preferences: str | None = Field(None, description="Held-out preference data (RM accuracy, eval prompts); "
+                                         "null = a seeded data.eval_fraction split of data.preferences.")
+    eval_prompts: str | None = Field(None, description="Held-out prompts of the eval stage; null = the prompts of "
+                                     "the held-out preferences.")
+    eval_fraction: float = Field(0.1, gt=0, lt=1, description="Share of the distinct preference prompts held out "
+                                 "(seeded by data.seed) when data.eval_preferences is null.")
+    preferences_format: Literal["auto", "hh", "standard", "conversational", "ranked", "scored"] = Field(
+        "auto", description="Format of the preference rows; auto detects it from the first row's columns.")
+    sft_format: Literal["auto", "prompt_completion", "messages", "text"] = Field(
+        "auto", description="Format of the SFT rows; auto detects it from the first row's columns.")
+    preferences_columns: dict[str, str] = Field(
+        default_factory=dict, description="Column mapping of the preference sources: our name -> your column, "
+        "e.g. {prompt: question, chosen: response_j}.")
+    sft_columns: dict[str, str] = Field(default_factory=dict, description="Column mapping of data.sft.")
+    prompts_columns: dict[str, str] = Field(default_factory=dict, description="Column mapping of the prompt "
+                                            "sources (data.prompts, data.eval_prompts).")
+    on_bad_row: Literal["error", "skip"] = Field("error", description="A bad row of user data: fail naming file, "
+                                                 "line and field, or skip it and log the count and reasons.")
+    max_row_chars: int = Field(20000, ge=100, description="A user row with more characters of text is a bad row.")
+    split: str = Field("train", description="Split read from a hub data set or directory (training sources).")
+    eval_split: str = Field("test", description="Split read from a hub data set or directory for "
+                            "data.eval_preferences and data.eval_prompts.")
+    hub_data_dir: str | None = Field(None, description="data_dir of hub data sets (e.g. harmless-base of "
+                                     "Anthropic/hh-rlhf).")
+    hub_revision: str | None = Field(None, description="Git revision of hub data sets; pin it for reproducible "
+                                     "data.")
+
+    @property
+    def user_data(self) -> bool:
+        """Whether the pipeline runs on user data rather than the demo task."""
+        return self.preferences is not None
+
+    @model_validator(mode="after")
+    def _sources_need_preferences(self) -> "DataConfig":
+        extra = [k for k in ("sft", "prompts", "eval_preferences", "eval_prompts") if getattr(self, k)]
+        if extra and not self.preferences:
+            raise ValueError(f"data.{extra[0]} needs data.preferences: the reward model trains on preference data "
+                             "(null preferences = the demo task)")
+        return self
+
+    @model_validator(mode="after")
+    def _known_columns(self) -> "DataConfig":
+        for key, names in COLUMN_NAMES.items():
+            if unknown := sorted(set(getattr(self, key)) - set(names)):
+                raise ValueError(f"data.{key}: unknown column name(s) {unknown}; expected some of {list(names)}")
+        return self
+
+
+class ModelConfig(Section):
+    """The policy architecture: a hub name / local directory, or sizes for a fresh GPT-2."""
+
+    name_or_path: str | None = Field(
+        None, description="Hub name or local directory loaded with from_pretrained; null builds a fresh model.",
+    )
+    revision: str | None = Field(None, description="Git revision of a hub model (commit, tag or branch).")
+    trust_remote_code: bool = Field(False, description="Let from_pretrained run the model's own Python code; only "
+                                    "for a source you trust.")
+    vocab_size: int = Field(512, ge=64, description="Size of the BPE tokenizer trained on the task's texts (fresh "
+                            "models only).")
+    n_layer: int = Field(2, ge=1, description="Transformer blocks of a fresh model.")
+    n_head: int = Field(4, ge=1, description="Attention heads of a fresh model.")
+    n_embd: int = Field(128, ge=8, description="Hidden size of a fresh model (divisible by n_head).")
+    n_positions: int = Field(128, ge=16, description="Longest sequence (prompt + response) fed to the model: a fresh "
+                             "model's position table; a loaded model is also capped at its own context.")
+    seed: int = Field(0, description="Seed of the fresh model's initialisation.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        return self

@@ -1,0 +1,118 @@
+"""Config of PPO: rollouts, rewards, critic, update, alarms (README "The PPO loop")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from rlhf_lib.config.base import Section
+from rlhf_lib.ppo.vllm_engine import require_engine
+
+
+class PPOConfig(Section):
+    iterations: int = Field(40, ge=1, description="Rollout/update iterations.")
+    batch_size: int = Field(64, ge=1, description="Prompts per rollout.")
+    max_new_tokens: int = Field(32, ge=1, description="Longest response; sampling stops early at EOS.")
+    temperature: float = Field(0.7, gt=0, description="Sampling temperature; the same one divides logits in every log-prob.")
+    epochs: int = Field(4, ge=1, description="PPO epochs over each rollout.")
+    minibatches: int = Field(4, ge=1, description="Minibatches per epoch (batch_size must divide evenly).")
+    lr: float = Field(3e-4, gt=0, description="Adam learning rate of policy and value model.")
+    clip_eps: float = Field(0.2, gt=0, description="Clip range of the surrogate objective (PPO, eq. 7).")
+    value_clip: float = Field(0.2, gt=0, description="Clip range of the value prediction around the rollout's value.")
+    vf_coef: float = Field(0.1, ge=0, description="Weight of the value loss.")
+    ent_coef: float = Field(0.0, ge=0, description="Weight of the entropy bonus.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of GAE.")
+    lam: float = Field(0.95, ge=0, le=1, description="Lambda of GAE.")
+    kl_coef: float = Field(0.05, ge=0, description="Initial beta of the per-token KL penalty.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="Per-token KL estimator in the reward.")
+    adaptive_kl: bool = Field(True, description="Adapt beta toward target_kl (Ziegler et al. 2019).")
+    target_kl: float = Field(3.0, gt=0, description="Target of the adaptive controller: KL per response, in nats.")
+    kl_horizon: int = Field(10000, ge=1, description="Horizon of the adaptive controller, in samples.")
+    whiten_advantages: bool = Field(True, description="Whiten advantages over the rollout (masked; gae and rloo).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip.")
+    # Rewards (N+ implementation details, Huang et al. 2024; trlx running reward scaling).
+    stop_at_eos: bool = Field(True, description="Stop sampling a row at its EOS; false samples max_new_tokens for "
+                              "every row and masks everything after the first EOS (fixed-length rollouts).")
+    missing_eos_penalty: float | None = Field(None, ge=0, description="Subtracted from the RM score of a response "
+                                              "that ends without EOS; null = off.")
+    rm_offset_samples: int = Field(128, ge=0, description="RM offset normalisation: before iteration 0, score this "
+                                   "many samples of the SFT policy and subtract their mean score from every score, "
+                                   "so SFT samples average 0; 0 = off.")
+    whiten_rewards: bool = Field(False, description="Normalise scores by a running mean and std over all rollouts.")
+    reward_clip: float | None = Field(None, gt=0, description="Clip the (normalised) score to [-c, c]; null = off.")
+    # Critic.
+    advantage_estimator: Literal["gae", "grpo", "rloo"] = Field(
+        "gae", description="gae: value model + GAE; grpo: group-normalised sequence reward; rloo: leave-one-out "
+        "baseline. grpo and rloo load no value model.",
+    )
+    group_size: int = Field(4, ge=2, description="grpo/rloo: samples per prompt (batch_size must divide evenly).")
+    critic: Literal["separate", "shared"] = Field(
+        "separate", description="gae: a separate value model, or a value head on the policy's own backbone.",
+    )
+    value_init: Literal["reward", "sft"] = Field("reward", description="Separate critic: start from the reward "
+                                                 "model or from the SFT backbone with a zero head.")
+    critic_warmup: int = Field(0, ge=0, description="Iterations of value-only updates before the policy moves.")
+    value_lr: float | None = Field(None, gt=0, description="Learning rate of the critic; null = ppo.lr.")
+    # Update.
+    lr_schedule: Literal["constant", "linear"] = Field("constant", description="Learning rate over iterations: "
+                                                       "constant, or linear decay to 0 at the last iteration.")
+    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon (1e-5 as in OpenAI baselines' PPO).")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per minibatch; the gradient is "
+                                             "the same as one minibatch at a fraction of the memory.")
+    early_stop_kl: float | None = Field(None, gt=0, description="End the update's epochs early once a minibatch's "
+                                        "approximate KL(old || new) exceeds this; null = never.")
+    ptx_coef: float = Field(0.0, ge=0, description="PPO-ptx (InstructGPT): weight of the SFT loss on "
+                            "demonstrations mixed into every update step; 0 = off.")
+    ptx_batch_size: int = Field(8, ge=1, description="PPO-ptx: demonstrations per update step.")
+    lora: bool = Field(False, description="Train LoRA adapters (peft) on the policy instead of all its weights; the "
+                       "reference is then the policy with its adapters disabled, so no second copy is loaded.")
+    lora_r: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r).")
+    lora_target_modules: list[str] | None = Field(None, description="Module names that get adapters; null = peft's "
+                                                  "default for the architecture (GPT-2: c_attn).")
+    max_refused_iterations: int = Field(3, ge=1, description="Fail the stage after this many iterations in a row "
+                                        "whose every update step was refused for a non-finite loss or gradient.")
+    sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
+    checkpoint_every: int = Field(10, ge=1, description="Log a checkpoint (weights, optimizer, RNG, KL state) every "
+                                  "N iterations, and after the last one.")
+    seed: int = Field(0, description="Seed of prompt order and sampling.")
+    alarm_kl_factor: float = Field(4.0, gt=0, description="KL blow-up alarm: KL above this many times target_kl.")
+    alarm_entropy_min: float = Field(0.05, ge=0, description="Entropy-collapse alarm: mean token entropy below this.")
+    alarm_explained_variance_min: float = Field(
+        0.0, description="Critic-lag alarm: explained variance below this after the warm-up."
+    )
+    alarm_length_frac: float = Field(0.95, gt=0, le=1, description="Length-explosion alarm: mean length above this "
+                                     "fraction of max_new_tokens (or over half the responses without EOS).")
+    alarm_window: int = Field(5, ge=2, description="Iterations over which reward hacking (RM up, gold or length "
+                              "diverging) is judged.")
+    alarm_min_change: float = Field(0.05, ge=0, description="Reward hacking: the least trend (change over the "
+                                    "window) in RM and gold score that counts as rising or falling.")
+    alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
+    stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
+                                "last completed iteration is registered.")
+    rollout_engine: Annotated[Literal["hf", "vllm"], AfterValidator(require_engine)] = Field(
+        "hf", description="Rollout generator: hf (our sampling loop, log-probs from the sampling step) or vllm "
+        "(GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
+
+    @model_validator(mode="after")
+    def _sizes_divide(self) -> "PPOConfig":
+        mb = self.batch_size // self.minibatches
+        checks = [
+            (self.batch_size % self.minibatches, f"ppo.batch_size ({self.batch_size}) must be divisible by "
+                                                 f"ppo.minibatches ({self.minibatches})"),
+            (mb % self.gradient_accumulation_steps, f"the minibatch (ppo.batch_size / ppo.minibatches = {mb}) must "
+             f"be divisible by ppo.gradient_accumulation_steps ({self.gradient_accumulation_steps})"),
+            (self.advantage_estimator != "gae" and self.batch_size % self.group_size,
+             f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.group_size ({self.group_size}) "
+             f"with ppo.advantage_estimator={self.advantage_estimator}"),
+        ]
+        for bad, message in checks:
+            if bad:
+                raise ValueError(message)
+        return self
+
+    @property
+    def has_critic(self) -> bool:
+        """Whether a value function is trained: only GAE needs one."""
+        return self.advantage_estimator == "gae"

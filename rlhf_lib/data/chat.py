@@ -1,0 +1,97 @@
+"""Conversational rows: lists of {"role", "content"} messages (TRL's conversational formats), checked, and rendered
+to the text the model sees: with the tokenizer's chat template when it has one, else as an HH transcript
+("\\n\\nHuman: ...\\n\\nAssistant:"), the format the demo task and a fresh tokenizer use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .fields import bad, check_text, jtype
+from .records import ASSISTANT_TURN
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Messages = list[dict[str, str]]
+HH_ROLES = {"user": "Human", "assistant": "Assistant", "system": "System"}
+
+
+def is_messages(value: Any) -> bool:
+    """Whether a field holds a conversation (a list of objects) rather than text."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+def check_messages(value: Any, col: str) -> Messages:
+    """A non-empty list of {"role": str, "content": non-empty str} (other keys dropped), or a bad row."""
+    expected = "expected a list of messages ({role, content})"
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if isinstance(value, list) else jtype(value)
+        raise bad("wrong type", f"field {col!r}: {expected}, got {got}", col)
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise bad("wrong type", f"field {col!r}: {expected}, item {i} is {jtype(m)}", col)
+        for key in ("role", "content"):
+            if key not in m:
+                raise bad("missing field", f"field {col!r} message {i}: missing {key!r}", col)
+            if not isinstance(m[key], str):
+                raise bad("wrong type", f"field {col!r} message {i}: {key!r} is {jtype(m[key])}, not a string", col)
+        check_text(m["content"], col, f"field {col!r} message {i} content")
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def assistant_reply(value: Any, col: str) -> str:
+    """The content of a one-message assistant completion (TRL conversational `chosen`/`completion`)."""
+    messages = check_messages(value, col)
+    if len(messages) != 1 or messages[0]["role"] != "assistant":
+        roles = [m["role"] for m in messages]
+        raise bad("not an assistant reply", f"field {col!r}: expected one assistant message, got roles {roles}", col)
+    return messages[0]["content"]
+
+
+class Renderer:
+    """Messages -> prompt text, assistant content -> response text.
+
+    `load_tokenizer` is called once, at the first conversational row (plain-text data never pays for it); when it
+    returns a tokenizer with a chat template, prompts go through `apply_chat_template(..., add_generation_prompt=
+    True)` and responses are the content as is. Otherwise prompts become HH transcripts ending in "\\n\\nAssistant:"
+    and responses get the leading space that follows "Assistant:". `used` says which happened ("chat_template",
+    "hh" or None when no row was conversational).
+    """
+
+    def __init__(self, load_tokenizer: Callable[[], PreTrainedTokenizerBase | None] | None = None) -> None:
+        self._load = load_tokenizer
+        self._loaded = False
+        self._tokenizer: PreTrainedTokenizerBase | None = None
+        self.used: str | None = None
+
+    def _template(self) -> PreTrainedTokenizerBase | None:
+        if not self._loaded:
+            tok = self._load() if self._load else None
+            self._tokenizer = tok if tok is not None and getattr(tok, "chat_template", None) else None
+            self._loaded = True
+        self.used = "chat_template" if self._tokenizer is not None else "hh"
+        return self._tokenizer
+
+    def prompt(self, messages: Messages, col: str) -> str:
+        """The text of a conversation up to the assistant's next turn."""
+        if messages[-1]["role"] == "assistant":
+            raise bad("prompt ends with assistant", f"field {col!r}: the prompt's last message is the assistant's; "
+                      "nothing is left for the model to answer", col)
+        tok = self._template()
+        if tok is None:
+            turns = "".join(f"\n\n{HH_ROLES.get(m['role'], m['role'].title())}: {m['content']}" for m in messages)
+            return turns + ASSISTANT_TURN
+        try:
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja2 raises TemplateError subclasses, templates also raise their own errors
+            raise bad("chat template", f"field {col!r}: the chat template refused it ({e})"[:300], col) from None
+
+    def response(self, content: str) -> str:
+        """The text of an assistant reply that follows a rendered prompt."""
+        if self._template() is not None or content[:1].isspace():
+            return content
+        return " " + content

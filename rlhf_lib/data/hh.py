@@ -1,0 +1,48 @@
+"""Anthropic HH-RLHF transcripts: "\\n\\nHuman: ...\\n\\nAssistant: ..." texts (Bai et al. 2022, "Training a Helpful
+and Harmless Assistant with RLHF"). A preference row holds two whole transcripts, `chosen` and `rejected`, that share
+the conversation and differ in the final assistant turn.
+
+The prompt is the longest common prefix of the two, cut after the last "\\n\\nAssistant:" it contains; the responses
+are what follows (TRL's `extract_prompt` does the same). Cutting at the last "\\n\\nAssistant:" of each text instead
+would break the ~0.2 % of HH rows whose response itself contains "\\n\\nAssistant:".
+"""
+
+from __future__ import annotations
+
+import os
+
+from .fields import bad, check_text
+from .records import ASSISTANT_TURN, check_pair
+
+
+def prompt_end(text: str, col: str) -> int:
+    """Index just past the last "\\n\\nAssistant:" of `text`, or a bad row naming `col`."""
+    i = text.rfind(ASSISTANT_TURN)
+    if i < 0:
+        raise bad("no assistant turn", f"field {col!r}: no '\\n\\nAssistant:' turn (HH transcript format)", col)
+    return i + len(ASSISTANT_TURN)
+
+
+def split_transcript(text: str, col: str = "text") -> tuple[str, str]:
+    """(prompt, response) of one transcript: the response is the last assistant turn (leading space kept)."""
+    end = prompt_end(text, col)
+    return text[:end], check_text(text[end:], col, f"field {col!r}: the last assistant turn")
+
+
+def split_pair(chosen: str, rejected: str, cols: tuple[str, str] = ("chosen", "rejected")) -> tuple[str, str, str]:
+    """(prompt, chosen response, rejected response) of an HH preference row.
+
+    >>> split_pair("\\n\\nHuman: hi\\n\\nAssistant: Hello!", "\\n\\nHuman: hi\\n\\nAssistant: Go away.")
+    ('\\n\\nHuman: hi\\n\\nAssistant:', ' Hello!', ' Go away.')
+    """
+    for text, col in zip((chosen, rejected), cols):
+        prompt_end(text, col)  # each must be a transcript in its own right
+    common = os.path.commonprefix([chosen, rejected])
+    if ASSISTANT_TURN not in common:
+        raise bad("no shared prompt", f"fields {cols[0]!r} and {cols[1]!r}: no shared conversation up to an "
+                  "'\\n\\nAssistant:' turn", cols[1])
+    end = prompt_end(common, cols[0])
+    a = check_text(chosen[end:], cols[0], f"field {cols[0]!r}: the last assistant turn")
+    b = check_text(rejected[end:], cols[1], f"field {cols[1]!r}: the last assistant turn")
+    check_pair(a, b, cols)
+    return chosen[:end], a, b

@@ -1,0 +1,134 @@
+"""User data -> the pipeline's five files (the same ones the demo task builds): every source read in its format,
+held-out data split off, and what the user did not give derived from the preferences.
+
+- eval pairs (RM accuracy) and eval prompts: `data.eval_preferences` (e.g. the data set's test split), else a seeded
+  `data.eval_fraction` of the distinct preference prompts with all their rows; eval prompts are `data.eval_prompts`,
+  else the held-out prompts. A held-out prompt never appears in training data: rows that share one are dropped
+  (and counted).
+- SFT demonstrations: `data.sft`, else (prompt, best response) of each training preference.
+- PPO prompts: `data.prompts`, else the distinct prompts of the training preferences.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
+from typing import Any
+
+from rlhf_lib.config import DataConfig
+
+from .chat import Renderer
+from .fields import DataError, Fields
+from .formats import PARSERS, detect
+from .records import PairExample, PromptExample, RankedExample, ReadResult, SFTExample, collect
+from .sources import Source, source_rows
+
+
+@dataclass
+class SourceReport:
+    """What reading one source found: its format, valid rows, and skipped rows by reason (first messages too)."""
+
+    source: str
+    format: str
+    rows: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class UserTask:
+    """The records of the five files (keys as the demo task's `FILE_NAMES`), and how they were obtained."""
+
+    records: dict[str, list[Any]]
+    sources: dict[str, SourceReport]
+    dropped: dict[str, int]  # training rows dropped because their prompt is held out, per file
+    rendering: str | None  # "chat_template" / "hh" when conversational rows were rendered, else None
+
+
+def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], renderer: Renderer,
+                on_bad_row: str, max_chars: int) -> tuple[ReadResult[Any], str]:
+    """Read a `kind` source ("preferences", "sft", "prompts") in format `fmt` ("auto" detects it on the first row
+    that is an object; a source whose format cannot be told fails whatever `on_bad_row` says)."""
+    rows, place = source_rows(src)
+    head: list[tuple[int, Any]] = []
+    for n, obj in rows:
+        head.append((n, obj))
+        if isinstance(obj, dict):
+            if fmt == "auto":
+                try:
+                    fmt = detect(kind, obj, mapping)
+                except DataError as e:
+                    raise DataError(f"{place(n)}: {e}", path=src.spec, line=n, kind=e.kind) from None
+            break
+    parse = PARSERS[kind]
+    result = collect(chain(head, rows), lambda obj: parse(fmt, Fields(obj, mapping), renderer), on_bad_row,  # type: ignore[arg-type]
+                     max_chars, src.spec, place)
+    return result, fmt
+
+
+def split_heldout(lists: list[RankedExample], fraction: float, seed: int) -> tuple[list[RankedExample],
+                                                                                    list[RankedExample]]:
+    """(train, held out): a seeded `fraction` of the distinct prompts (at least one, never all) with all their
+    lists. Prompts are sorted before the shuffle, so the split does not depend on row order."""
+    prompts = sorted({ex.prompt for ex in lists})
+    if len(prompts) < 2:
+        raise DataError(f"the preference data has {len(prompts)} distinct prompt(s); holding some out for eval "
+                        "needs at least 2 (or set data.eval_preferences)", kind="no rows")
+    random.Random(f"rlhf-eval-split:{seed}").shuffle(prompts)
+    held = set(prompts[: min(len(prompts) - 1, max(1, round(fraction * len(prompts))))])
+    return [ex for ex in lists if ex.prompt not in held], [ex for ex in lists if ex.prompt in held]
+
+
+def pairs_of(lists: Iterable[RankedExample]) -> list[PairExample]:
+    """Every (better, worse) pair of every ranked list: K(K-1)/2 per list."""
+    return [PairExample(ex.prompt, ex.responses[i], ex.responses[j])
+            for ex in lists for i in range(len(ex.responses)) for j in range(i + 1, len(ex.responses))]
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def build_user_task(cfg: DataConfig, renderer: Renderer) -> UserTask:
+    """Read and validate every configured source; raises `DataError` on the first bad row (on_bad_row="error"),
+    or on a source, split or derived file left without rows."""
+    sources: dict[str, SourceReport] = {}
+
+    def read(key: str, kind: str, split: str, fmt: str, mapping: Mapping[str, str]) -> list[Any]:
+        src = Source(getattr(cfg, key), split, cfg.hub_data_dir, cfg.hub_revision)
+        result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars)
+        sources[key] = SourceReport(src.spec, found, len(result.rows), result.skipped, result.examples)
+        return result.rows
+
+    prefs = read("preferences", "preferences", cfg.split, cfg.preferences_format, cfg.preferences_columns)
+    if cfg.eval_preferences:
+        train = prefs
+        held = read("eval_preferences", "preferences", cfg.eval_split, cfg.preferences_format,
+                    cfg.preferences_columns)
+    else:
+        train, held = split_heldout(prefs, cfg.eval_fraction, cfg.seed)
+    eval_prompts = (_unique(p.prompt for p in read("eval_prompts", "prompts", cfg.eval_split, "auto",
+                                                   cfg.prompts_columns))
+                    if cfg.eval_prompts else _unique(ex.prompt for ex in held))
+    sft = (read("sft", "sft", cfg.split, cfg.sft_format, cfg.sft_columns) if cfg.sft
+           else [SFTExample(ex.prompt, ex.responses[0]) for ex in train])
+    prompts = (_unique(p.prompt for p in read("prompts", "prompts", cfg.split, "auto", cfg.prompts_columns))
+               if cfg.prompts else _unique(ex.prompt for ex in train))
+
+    heldout = set(eval_prompts) | {ex.prompt for ex in held}
+    records: dict[str, list[Any]] = {
+        "sft": [ex for ex in sft if ex.prompt not in heldout],
+        "preferences": [ex for ex in train if ex.prompt not in heldout],
+        "prompts_train": [PromptExample(p) for p in prompts if p not in heldout],
+        "prompts_eval": [PromptExample(p) for p in eval_prompts],
+        "eval_pairs": pairs_of(held),
+    }
+    before = {"sft": len(sft), "preferences": len(train), "prompts_train": len(prompts)}
+    dropped = {k: n - len(records[k]) for k, n in before.items()}
+    for key, rows in records.items():
+        if not rows:
+            raise DataError(f"no {key} rows left after holding out the eval prompts (dropped {dropped.get(key, 0)} "
+                            "that share a held-out prompt)", kind="no rows")
+    return UserTask(records, sources, dropped, renderer.used)

@@ -1,0 +1,60 @@
+"""Scoring with a reward model that has its own tokenizer (`reward.name_or_path`).
+
+The policy's token ids mean nothing to such an RM, so each (prompt, response) is decoded to text with the policy's
+tokenizer and encoded again with the RM's, exactly as the RM saw it in training (`collate.encode_prompt_response`:
+prompt cut from the left, response from the right, EOS appended). TRL's PPO trainer refuses this case; its online
+DPO and RLOO trainers decode and re-tokenize the same way. The EOS is appended only to responses that ended with the
+policy's EOS, so a response cut off at max_new_tokens is scored as unfinished, as with a shared tokenizer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlhf_lib.data.collate import encode_prompt_response, pad_right
+from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
+from rlhf_lib.ppo.scoring import sequence_scores
+
+if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """Whether token ids mean the same to both: same vocabulary (added tokens included) and special ids."""
+    specials = ("eos_token_id", "pad_token_id", "bos_token_id")
+    return a.get_vocab() == b.get_vocab() and all(getattr(a, s) == getattr(b, s) for s in specials)
+
+
+def decode_prompts(tokenizer: PreTrainedTokenizerBase, query: torch.Tensor, query_mask: torch.Tensor) -> list[str]:
+    """Text of each left-padded prompt. Special tokens are kept (a chat template's markers are part of the prompt
+    the RM was trained on); padding is dropped by the mask. Shapes: (B, P), (B, P) -> B strings."""
+    return [tokenizer.decode([t for t, keep in zip(ids, m) if keep], skip_special_tokens=False)
+            for ids, m in zip(query.tolist(), query_mask.tolist())]
+
+
+@torch.inference_mode()
+def retokenized_scores(
+    reward: PreTrainedModel,
+    reward_tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase,
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    response: torch.Tensor,
+    response_mask: torch.Tensor,
+    max_length: int | None = None,
+) -> torch.Tensor:
+    """RM scores of policy samples through the RM's own tokenizer. Shapes: (B, P), (B, P), (B, R), (B, R) -> (B,).
+
+    `tokenizer` is the policy's; `max_length` (default: the RM's context) bounds the re-tokenized sequence.
+    """
+    limit = getattr(reward.config, "max_position_embeddings", None) or max_length or 2048
+    max_length = min(max_length or limit, limit)
+    prompts = decode_prompts(tokenizer, query, query_mask)
+    texts = decode_responses(tokenizer, response, response_mask)
+    finished = ends_with_eos(response, response_mask, tokenizer.eos_token_id).tolist()
+    rows = [encode_prompt_response(reward_tokenizer, p, r, max_length, add_eos=eos)[0]
+            for p, r, eos in zip(prompts, texts, finished)]
+    ids, mask = pad_right(rows, reward_tokenizer.pad_token_id)
+    return sequence_scores(reward, ids.to(query.device), mask.to(query.device))

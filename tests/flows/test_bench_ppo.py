@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.bench_ppo import parse_sets
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["n_layer=1", "n_head=2", "n_embd=32", "vocab_size=256", "n_positions=32", "prompt_length=8",
+        "response_length=4", "rollout_batch_size=4", "num_mini_batches=2", "num_prompts=8", "iterations=2",
+        "torch_threads=1"]
+# The figures both sides of benchmarks/side_by_side.py report, named as trl_ppo_baseline.py names them.
+TRL_KEYS = {"s_per_iter_median", "s_per_iter_min", "s_per_iter_max", "tokens_per_s_end_to_end", "peak_rss_mib",
+            "generate_s_median", "rollout_score_s_median", "update_s_median", "cpu_s_per_iter_median",
+            "quiet_iterations", "measured_iterations", "optimizer_steps_per_iter"}
+
+
+def test_bench_ppo_json_is_the_last_line_with_trl_key_names(capsys):
+    sets = [a for s in TINY for a in ("--set", s)]
+    threads = torch.get_num_threads()
+    try:
+        assert main(["bench", "ppo", "--json", *sets]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the benchmark sets its own, once per process
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert TRL_KEYS <= set(summary)
+    assert summary["iterations"] == 2 and summary["measured_iterations"] == 1
+    assert summary["gen_tokens_per_iter"] == 4 * 4
+    assert summary["optimizer_steps_per_iter"] == 2
+    assert any(line.startswith("iter   2") for line in out)
+
+
+def test_bad_set_names_the_key():
+    with pytest.raises(SystemExit, match="n_layerz"):
+        parse_sets(["n_layerz=3"])
+    with pytest.raises(SystemExit, match="n_layer"):
+        parse_sets(["n_layer=many"])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        parse_sets(["n_layer"])
+
+
+def test_gpu_check_script_runs_its_tiny_config_on_cpu(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--dtype", "float32",
+           "--tiny", "--set", "torch_threads=1"]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env={"OUT": str(tmp_path),
+                          "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert summary["config"]["device"] == "cpu" and "mfu_update" in summary

@@ -1,0 +1,142 @@
+"""User data end to end in the library: bad rows named by file:line:field or skipped and counted, format detection
+per source, the seeded held-out split, and SFT/prompts derived from the preferences."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhf_lib.config import DataConfig
+from rlhf_lib.data import DataError, RankedExample, SFTExample
+from rlhf_lib.data.chat import Renderer
+from rlhf_lib.data.sources import Source
+from rlhf_lib.data.user import build_user_task, pairs_of, read_source, split_heldout
+
+HH = Path(__file__).parents[2] / "fixtures" / "hh_rlhf" / "harmless-240.jsonl"
+A = "\n\nAssistant:"
+
+
+def hh(i: int, a: str = " yes", b: str = " no") -> dict:
+    p = f"\n\nHuman: question {i}?{A}"
+    return {"chosen": p + a, "rejected": p + b}
+
+
+def dump(row) -> bytes:
+    return json.dumps(row, ensure_ascii=False).encode()
+
+
+def jsonl(path: Path, rows: list) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else dump(r)) + b"\n" for r in rows))
+    return path
+
+
+RANKED = {"prompt": "Q", "responses": [" a", " b"], "ranking": [1, 0]}
+# The bad-row cases of issue 6: (first good row, bad row, reason, field, text of the message)
+BAD = [
+    (hh(1), b'{"chosen": "x", ', "invalid json", None, "invalid JSON"),
+    (hh(1), {"chosen": hh(2)["chosen"]}, "missing field", "rejected", "missing field 'rejected'"),
+    (hh(1), {"chosen": hh(2)["chosen"], "rejected": 3}, "wrong type", "rejected", "expected a string, got int"),
+    (hh(1), hh(2, a="  "), "empty text", "chosen", "empty"),
+    (hh(1), b'{"chosen": "\xff\xfe", "rejected": "b"}', "invalid utf-8", None, "invalid UTF-8"),
+    (hh(1), {"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: ho"}, "no assistant turn", "chosen", "Assistant:"),
+    (hh(1), hh(2, a=" same", b=" same "), "chosen equals rejected", "rejected", "identical"),
+    (RANKED, {"prompt": "Q", "responses": [" a", " a"], "ranking": [0, 1]}, "duplicate responses", "responses", "tie"),
+    ({"prompt": "Q", "responses": ["a", "b"], "scores": [1, 0]}, {"prompt": "Q", "responses": ["a", "b"],
+                                                                  "scores": [2, 2]}, "tied scores", "scores", "tied"),
+    (hh(1), hh(2, a=" " + "x" * 300), "too long", None, "max_chars=200"),
+]
+
+
+@pytest.mark.parametrize(("good", "bad", "reason", "field", "text"), BAD)
+def test_bad_rows_name_file_line_and_field_or_are_counted(tmp_path, good, bad, reason, field, text):
+    path = jsonl(tmp_path / "prefs.jsonl", [good, bad, good])
+    src = Source(str(path))
+    with pytest.raises(DataError) as info:
+        read_source("preferences", src, "auto", {}, Renderer(), "error", 200)
+    assert str(info.value).startswith(f"{path}:2: ") and text in str(info.value)
+    assert (info.value.line, info.value.kind, info.value.field) == (2, reason, field)
+    result, _ = read_source("preferences", src, "auto", {}, Renderer(), "skip", 200)
+    assert len(result.rows) == 2 and result.skipped == {reason: 1}
+    assert result.examples[reason][0].startswith(f"{path}:2: ")
+
+
+def test_a_format_that_cannot_be_told_fails_even_when_skipping(tmp_path):
+    path = jsonl(tmp_path / "prefs.jsonl", [b"garbage", {"question": "Q", "answer": "A"}, hh(1)])
+    with pytest.raises(DataError, match=r"prefs.jsonl:2: cannot tell the format") as info:
+        read_source("preferences", Source(str(path)), "auto", {}, Renderer(), "skip", 20000)
+    assert info.value.kind == "unknown format"
+    result, fmt = read_source("preferences", Source(str(path)), "hh", {}, Renderer(), "skip", 20000)
+    assert fmt == "hh" and len(result.rows) == 1 and result.skipped == {"invalid json": 1, "missing field": 1}
+
+
+def test_the_hh_fixture_reads_with_one_real_bad_row():
+    with pytest.raises(DataError, match=r"harmless-240.jsonl:69: field 'chosen': the last assistant turn: empty"):
+        build_user_task(DataConfig(preferences=str(HH)), Renderer())
+    task = build_user_task(DataConfig(preferences=str(HH), on_bad_row="skip"), Renderer())
+    report = task.sources["preferences"]
+    assert (report.format, report.rows, report.skipped) == ("hh", 239, {"empty text": 1})
+    n = {k: len(v) for k, v in task.records.items()}
+    assert n["prompts_eval"] == 24 and n["eval_pairs"] == 24 and n["preferences"] == 215  # 239 distinct prompts, 10 %
+    assert all(p.prompt.endswith(A) for p in task.records["prompts_eval"])
+
+
+def test_split_is_seeded_disjoint_and_independent_of_row_order():
+    lists = [RankedExample(f"p{i % 7}", (f" a{i}", f" b{i}")) for i in range(20)]
+    train, held = split_heldout(lists, 0.3, seed=0)
+    assert {ex.prompt for ex in train}.isdisjoint({ex.prompt for ex in held})
+    assert len({ex.prompt for ex in held}) == 2  # round(0.3 * 7)
+    _, held_again = split_heldout(lists[::-1], 0.3, seed=0)
+    assert {ex.prompt for ex in held_again} == {ex.prompt for ex in held}
+    with pytest.raises(DataError, match="at least 2"):
+        split_heldout(lists[:1], 0.5, seed=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.floats(0.01, 0.99), st.integers(0, 5))
+def test_split_holds_out_at_least_one_prompt_and_never_all(n_prompts, fraction, seed):
+    lists = [RankedExample(f"p{i}", (" a", " b")) for i in range(n_prompts)]
+    train, held = split_heldout(lists, fraction, seed)
+    assert 1 <= len(held) <= n_prompts - 1 and len(train) + len(held) == n_prompts
+
+
+def test_pairs_of_a_ranked_list():
+    assert [(p.chosen, p.rejected) for p in pairs_of([RankedExample("Q", ("a", "b", "c"))])] == \
+        [("a", "b"), ("a", "c"), ("b", "c")]
+
+
+def test_sft_and_prompts_come_from_the_training_preferences(tmp_path):
+    prefs = jsonl(tmp_path / "p.jsonl", [hh(i) for i in range(10)])
+    task = build_user_task(DataConfig(preferences=str(prefs), eval_fraction=0.2), Renderer())
+    held = {p.prompt for p in task.records["prompts_eval"]}
+    assert len(held) == 2 and {p.prompt for p in task.records["eval_pairs"]} == held
+    assert [ex.response for ex in task.records["sft"]] == [" yes"] * 8
+    assert {ex.prompt for ex in task.records["sft"]} == {p.prompt for p in task.records["prompts_train"]}
+    assert held.isdisjoint(ex.prompt for ex in task.records["sft"])
+
+
+def test_explicit_sources_and_held_out_prompts_are_dropped_from_training(tmp_path):
+    prefs = jsonl(tmp_path / "p.jsonl", [hh(i) for i in range(6)])
+    test = jsonl(tmp_path / "t.jsonl", [hh(0), hh(9)])
+    sft = jsonl(tmp_path / "s.jsonl", [
+        {"messages": [{"role": "user", "content": "question 0?"}, {"role": "assistant", "content": "Sure."}]},
+        {"messages": [{"role": "user", "content": "other"}, {"role": "assistant", "content": "ok"}]}])
+    prompts = jsonl(tmp_path / "q.jsonl", [{"prompt": hh(i)["chosen"][: -len(" yes")]} for i in (0, 1, 2)])
+    cfg = DataConfig(preferences=str(prefs), eval_preferences=str(test), sft=str(sft), prompts=str(prompts))
+    task = build_user_task(cfg, Renderer())
+    assert task.sources["sft"].format == "messages" and task.rendering == "hh"
+    assert [p.prompt for p in task.records["prompts_eval"]] == [hh(0)["chosen"][:-4], hh(9)["chosen"][:-4]]
+    # question 0 is held out: its preference list, SFT row and PPO prompt are dropped from training.
+    assert task.dropped == {"sft": 1, "preferences": 1, "prompts_train": 1}
+    assert task.records["sft"] == [SFTExample("\n\nHuman: other" + A, " ok")]
+    assert len(task.records["preferences"]) == 5 and len(task.records["prompts_train"]) == 2
+
+
+def test_nothing_left_to_train_on_is_an_error(tmp_path):
+    prefs = jsonl(tmp_path / "p.jsonl", [hh(0), hh(1)])
+    cfg = DataConfig(preferences=str(prefs), eval_preferences=str(prefs))
+    with pytest.raises(DataError, match="no sft rows left after holding out"):
+        build_user_task(cfg, Renderer())

@@ -1,0 +1,34 @@
+"""The report renders user-data results (no gold judge) without crashing, and labels who judged each win rate."""
+
+from __future__ import annotations
+
+from stages.report import NO_JUDGE, metrics_table, render_html
+
+USER_METRICS = {"reward_mean": 0.3, "reward_mean_sft": 0.1, "rm_win_rate_vs_sft": 0.75, "kl_to_ref": 1.2,
+                "response_length_mean": 9.0, "response_length_mean_sft": 11.0, "no_eos_frac": 0.0,
+                "gold_reward_mean": None, "gold_reward_mean_sft": None, "win_rate_vs_sft": None,
+                "truncated_prompts": 3, "reward_model_accuracy": 0.6}
+
+
+def test_metrics_table_without_a_judge():
+    rows = {r["metric"]: r for r in metrics_table(USER_METRICS)}
+    assert rows["gold reward (judge)"]["PPO policy"] == NO_JUDGE and rows["gold reward (judge)"]["SFT"] == NO_JUDGE
+    assert rows["win rate vs SFT (gold judge)"]["PPO policy"] == NO_JUDGE
+    assert rows["win rate vs SFT (RM-judged: the proxy PPO optimised)"]["PPO policy"] == 0.75
+    assert rows["RM reward"] == {"metric": "RM reward", "PPO policy": 0.3, "SFT": 0.1}
+
+
+def test_metrics_table_with_a_judge():
+    metrics = USER_METRICS | {"gold_reward_mean": 0.5, "gold_reward_mean_sft": -0.5, "win_rate_vs_sft": 0.8}
+    rows = {r["metric"]: r for r in metrics_table(metrics)}
+    assert rows["gold reward (judge)"] == {"metric": "gold reward (judge)", "PPO policy": 0.5, "SFT": -0.5}
+    assert rows["win rate vs SFT (gold judge)"]["PPO policy"] == 0.8
+
+
+def test_user_data_report_renders_without_gold():
+    samples = [{"prompt": "\n\nHuman: hi\n\nAssistant:", "sft_response": " a", "ppo_response": " b",
+                "sft_rm_score": 0.1, "ppo_rm_score": 0.2, "sft_gold": None, "ppo_gold": None}]
+    history = {"objective/score": [(0, 0.1), (1, 0.2)], "objective/kl": [(0, 0.0), (1, 0.5)]}
+    html = render_html({"name": "hh", "lineage": {"data": "hh-rlhf"}, "metrics": USER_METRICS}, history, samples,
+                       {"PPO policy": [3.0, 4.0], "SFT": [5.0]}, [])
+    assert NO_JUDGE in html and "RM-judged" in html and "Human: hi" in html
