@@ -118,9 +118,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.config, args.set or [])
     configure_env()
     server = start_prefect()
-    import torch
+    from rlhf_lib.process import configure_process
 
-    torch.set_num_threads(cfg.torch_threads)
+    configure_process(cfg.torch_threads)
     from flows.pipeline import rlhf
     from rlhf_lib.data import DataError
 

@@ -7,13 +7,13 @@ import hashlib
 import time
 from typing import Literal
 
-import torch
 from mlflow import MlflowClient
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlhf_lib.config import PipelineConfig
+from rlhf_lib.process import configure_process
 from stages.base import RunContext
 from stages.cache import StageResult, given_model
 from stages.data import data_stage
@@ -64,7 +64,7 @@ def rlhf(
     `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
     """
     force = downstream_of(force or [])
-    torch.set_num_threads(config.torch_threads)
+    configure_process(config.torch_threads)
     t0 = time.perf_counter()
     experiment_id = setup_mlflow()
     client = MlflowClient()

@@ -179,12 +179,11 @@ def _load(kind: str, path: Path, tokenizer):
 # The worker: one per process under `accelerate launch -m stages.launch JOB`. ---------------------------------
 
 def worker(job_path: Path) -> None:
-    import torch
-
     from rlhf_lib.config import RewardConfig, SFTConfig
     from rlhf_lib.data.records import RankedExample, SFTExample
     from rlhf_lib.distributed import Distributed
     from rlhf_lib.models import load_tokenizer
+    from rlhf_lib.process import configure_process
 
     job = json.loads(job_path.read_text())
     tmp, kind = Path(job["dir"]), job["kind"]
@@ -192,7 +191,7 @@ def worker(job_path: Path) -> None:
         from stages.ppo_loop import worker as ppo_worker
 
         return ppo_worker(job)
-    torch.set_num_threads(job["threads"])
+    configure_process(job["threads"])
     record, cfg_cls = {"sft": (SFTExample, SFTConfig), "reward": (RankedExample, RewardConfig)}[kind]
     examples = [record(**{k: tuple(v) if isinstance(v, list) else v for k, v in e.items()}) for e in job["examples"]]
     tokenizer = load_tokenizer(tmp / "init")

@@ -159,13 +159,12 @@ def ppo_job(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path, prompts: Seque
 def worker(job: dict[str, Any]) -> None:
     """One process of a PPO stage under `accelerate launch -m stages.launch JOB`: build the trainer (every process
     the same), resume from the job's checkpoints, loop; the main process reports and saves the final policy."""
-    import torch
-
     from rlhf_lib.demo_task import gold_score
     from rlhf_lib.ppo.distributed import Group
+    from rlhf_lib.process import configure_process
 
     tmp = Path(job["dir"])
-    torch.set_num_threads(job["threads"])
+    configure_process(job["threads"])
     cfg = PipelineConfig.model_validate(job["config"])
     dist = Group()
     trainer = build_trainer(cfg, Path(job["sft_dir"]), Path(job["reward_dir"]), job["prompts"],

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.flops import Shape, ppo_iteration_flops
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
+from rlhf_lib.process import configure_process
 
 
 class BenchPPOConfig(BaseModel):
@@ -117,7 +118,11 @@ def make_prompts(c: BenchPPOConfig) -> tuple[object, list[str]]:
 def build_models(c: BenchPPOConfig, tokenizer) -> PPOModels:
     """Policy, reference (a copy of the initial policy), value and reward models: random-init GPT-2 of the same
     size, as TRL's baseline builds them (seeds seed, seed + 1, seed + 2; no dropout)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        GPT2Config,
+    )
 
     def config(**extra) -> GPT2Config:
         return GPT2Config(vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd, n_layer=c.n_layer,
@@ -195,11 +200,7 @@ def _iteration(trainer: PPOTrainer, device: str) -> dict[str, float]:
 
 def run(c: BenchPPOConfig, on_iteration=None) -> dict:
     """Build everything, run `c.iterations` PPO iterations, return the summary (TRL's key names where shared)."""
-    torch.set_num_threads(c.torch_threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set in this process
-        pass
+    configure_process(c.torch_threads)
     if c.prompt_length + c.response_length > c.n_positions:
         raise ValueError("prompt_length + response_length must be <= n_positions")
     t_setup = time.perf_counter()
