@@ -132,3 +132,39 @@ def test_critic_free_rollouts_repeat_each_prompt_group_size_times(tiny_tokenizer
     assert ro.prompts[:4] == [ro.prompts[0]] * 4 and ro.prompts[4:] == [ro.prompts[4]] * 4
     assert ro.values is None and "value/explained_variance" not in stats
     assert all(math.isfinite(v) for v in stats.values()), stats
+
+
+class _StandInEngine:
+    """The rollout-engine interface the trainer uses (generate, sync_weights, close), on its own copy of the policy:
+    a stand-in for vLLM, which needs a GPU. Its log-probs are deliberately wrong, as an engine's can be."""
+
+    def __init__(self, policy, tokenizer):
+        from rlhf_lib.ppo.rollout import sample
+
+        self.copy, self.tok, self.sample, self.synced = copy.deepcopy(policy), tokenizer, sample, 0
+
+    def generate(self, query, query_mask):
+        r, m, lp = self.sample(self.copy, query, query_mask, max_new_tokens=6, temperature=1.0,
+                               eos_token_id=self.tok.eos_token_id, pad_token_id=self.tok.pad_token_id,
+                               generator=torch.Generator().manual_seed(3))
+        return r, m, lp + 5.0
+
+    def sync_weights(self, policy):
+        self.copy.load_state_dict(policy.state_dict())
+        self.synced += 1
+
+
+def test_an_engine_samples_the_policy_recomputes_the_logprobs_and_weights_follow_each_update(tiny_tokenizer,
+                                                                                              tiny_policy):
+    from rlhf_lib.ppo.scoring import response_logprobs
+
+    trainer = _make(tiny_tokenizer, tiny_policy)
+    trainer.engine = engine = _StandInEngine(tiny_policy, tiny_tokenizer)
+    ro = trainer.rollout()
+    expected, _ = response_logprobs(trainer.m.policy, ro.query.clone(), ro.query_mask.clone(), ro.response.clone(),
+                                    ro.response_mask.clone(), temperature=CFG.temperature)
+    torch.testing.assert_close(ro.logprobs, expected)  # the policy's, not the engine's (+5)
+    trainer.step()
+    assert engine.synced >= 1
+    for a, b in zip(engine.copy.parameters(), trainer.m.policy.parameters(), strict=True):
+        assert torch.equal(a, b)  # the engine samples from the updated policy
