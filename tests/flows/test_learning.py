@@ -1,0 +1,45 @@
+"""RLHF learns, end to end: on the micro preset plus the overrides in `LEARN`, the PPO policy scores higher than
+the SFT model under the hidden gold judge on held-out prompts. Behaviour only: seeded, no wall-time bound.
+
+The micro preset itself cannot learn; it checks wiring. Its 1-layer, 32-wide model after 3 SFT steps never emits
+EOS, its 12-token responses are always cut, and a reward model of that size orders only ~0.6 of held-out pairs: with
+longer SFT, RM and PPO runs but micro's model, PPO hacks the proxy (measured: RM win rate 1.0, gold -1.06 vs -0.81
+for SFT). The overrides give SFT enough steps to write whole answers that end, a 2-layer, 64-wide model, 4x the
+ranked lists, and a KL penalty that keeps PPO near what the reward model knows. Measured with these overrides (seed
+0): gold -0.10 vs -0.46 (SFT), win rate 0.80, RM accuracy 0.62, KL 5.9 nats.
+"""
+
+from __future__ import annotations
+
+from flows.cli import load_config
+
+LEARN = [
+    "data.n_train_prompts=256",  # more demonstrations than micro's 48
+    "data.ranked_per_prompt=4",  # 1024 ranked lists for the reward model
+    "data.n_eval_prompts=32",  # a gold mean over 32 held-out responses, not 8
+    "model.n_layer=2",
+    "model.n_head=4",
+    "model.n_embd=64",
+    "sft.epochs=8",
+    "sft.lr=0.003",  # enough SFT steps to write whole responses and EOS
+    "reward.epochs=2",
+    "reward.lr=0.002",
+    "ppo.iterations=30",
+    "ppo.batch_size=32",
+    "ppo.minibatches=4",
+    "ppo.lr=0.0005",
+    "ppo.kl_coef=0.1",  # twice the default: a weak reward model is hacked quickly without it
+    "ppo.missing_eos_penalty=1.0",  # a response cut at max_new_tokens scores 1 lower (the judge also dislikes it)
+    "ppo.max_new_tokens=32",  # a good response (~28 tokens) fits and can end
+    "ppo.sample_every=10",
+    "eval.max_new_tokens=32",
+]
+
+
+def test_ppo_beats_sft_under_the_gold_judge(home):
+    from flows.pipeline import rlhf
+
+    out = rlhf(config=load_config("micro", None, LEARN), pipeline="full")
+    ev = out["eval"]
+    assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.2, ev
+    assert ev["win_rate_vs_sft"] > 0.6, ev
