@@ -71,7 +71,7 @@ def bench_overhead(iterations: int = 10, warmup: int = 1) -> dict[str, float]:
         prompts = [p.prompt for p in read_prompts(paths["prompts_train"]).rows]
         texts = [line for p in paths.values() for line in Path(p).read_text().splitlines()]
     tokenizer = train_tokenizer(texts, 512)
-    cfg = PPOConfig()  # the demo preset's PPO settings: 64 prompts x <= 32 tokens, 4 epochs x 4 minibatches
+    cfg = PPOConfig()  # the defaults (the demo preset differs in kl_coef only): 64 prompts x <= 32 tokens, 4 x 4
     times = _interleaved(_trainer(prompts, tokenizer, cfg), _trainer(prompts, tokenizer, cfg), iterations + warmup)
     bare, pref = (statistics.median(times[k][warmup:]) for k in ("bare", "prefect"))
     return {"ppo_iter_s_bare_median": round(bare, 4), "ppo_iter_s_prefect_median": round(pref, 4),
