@@ -80,12 +80,11 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
         ent = masked_mean(entropy, mask)
         loss = loss + pg - cfg.ent_coef * ent
         stats.update(pg_stats, entropy=float(ent.detach()))
+    done = 0.0  # the part of the loss already backpropagated
     if separate:
-        total = 0.0
-        if loss.requires_grad:
+        if loss.requires_grad:  # the policy's terms first: their activations are freed before the value model runs
             backward(loss * weight)
-            total = float(loss.detach())
-        loss = torch.zeros((), dtype=torch.float32) + total
+            done, loss = float(loss.detach()), torch.zeros((), dtype=torch.float32)
         values = critic.values(policy, mb.query, mb.query_mask, mb.response, mask)
     if values is not None:
         vf, vf_stats = value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
@@ -93,7 +92,7 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
         stats.update(vf_stats)
     if loss.requires_grad:
         backward(loss * weight)
-    return float(loss.detach()) * weight, {k: v * weight for k, v in stats.items()}
+    return (done + float(loss.detach())) * weight, {k: v * weight for k, v in stats.items()}
 
 
 def ppo_epochs(
