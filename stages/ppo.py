@@ -19,7 +19,6 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
-from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
