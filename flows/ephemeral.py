@@ -3,7 +3,8 @@
 Prefect would start the same server itself (`SubprocessASGIServer`), but only at the first API call, after our
 torch/transformers imports, and only after importing its whole server stack in our process. Spawning it first,
 without importing Prefect, lets its ~8 s start run on the other core while this process imports: a fully cached
-`rlhf run full` takes ~8 s less. The command and environment are the ones Prefect itself uses.
+`rlhf run full` takes ~8 s less. The command and environment are the ones Prefect itself uses, plus the write
+batching of `flows.prefect_tuning`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from flows.prefect_tuning import server_batching
 
 
 def _free_port() -> int:
@@ -40,7 +43,8 @@ class EphemeralPrefect:
         atexit.register(self.stop)
 
     def _spawn(self) -> subprocess.Popen:
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        env = {**os.environ, **server_batching(), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1"}
         env.pop("PREFECT_API_URL", None)
         return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--factory",

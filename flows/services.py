@@ -20,6 +20,7 @@ from typing import Callable
 
 # Helpers used below; `log_file` and `services_dir` are part of this module's public API (defined in procs so
 # the pid/url/log file layout lives in one place).
+from flows.prefect_tuning import server_batching
 from flows.procs import (
     _forget,
     _http_get,
@@ -119,8 +120,8 @@ def _prefect_home(state: Path) -> str:
 def _services(state: Path, ep: _Endpoints) -> dict[str, _Service]:
     state = Path(state).resolve()
     # PREFECT_UI_API_URL: `prefect server start --port N` alone tells its UI the API is on the default port 4200.
-    prefect_env = {"PREFECT_HOME": _prefect_home(state), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                   "PREFECT_UI_API_URL": ep.prefect_api}
+    prefect_env = {**server_batching(), "PREFECT_HOME": _prefect_home(state),
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api}
     return {
         "prefect": _Service(
             name="prefect",
