@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flows import services
+from flows.prefect_tuning import SERVER_BATCHING
 
 
 def _free_port() -> int:
@@ -51,6 +53,8 @@ def ports(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
     monkeypatch.setenv("RLHF_PREFECT_PORT", str(prefect_port))
     monkeypatch.setenv("RLHF_MLFLOW_PORT", str(mlflow_port))
     monkeypatch.delenv("PREFECT_HOME", raising=False)
+    for key in SERVER_BATCHING:
+        monkeypatch.delenv(key, raising=False)
     return prefect_port, mlflow_port
 
 
@@ -77,6 +81,12 @@ def test_up_status_idempotent_down(state: Path, ports: tuple[int, int]) -> None:
     assert _status_code(f"{got['prefect_api']}/health") == 200
     assert _status_code(f"{got['mlflow_ui']}/health") == 200
     assert services.running_prefect_api(state) == got["prefect_api"]
+    with urllib.request.urlopen(f"{got['prefect_api']}/admin/settings", timeout=10) as resp:
+        server = json.load(resp)["server"]["services"]  # the write batching of flows.prefect_tuning reached it
+    assert server["task_run_recorder"]["batch_size"] == int(SERVER_BATCHING[
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"])
+    assert server["event_persister"]["batch_size"] == int(SERVER_BATCHING[
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE"])
 
     st = services.status(state)
     for name in ("prefect", "mlflow"):
