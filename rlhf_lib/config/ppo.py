@@ -17,6 +17,8 @@ class PPOConfig(Section):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature; the same one divides logits in every log-prob.")
     epochs: int = Field(4, ge=1, description="PPO epochs over each rollout.")
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch (batch_size must divide evenly).")
+    score_batch_size: int = Field(16, ge=1, description="Rows per forward pass in the score phase (reference "
+                                  "log-probs, values, RM scores): caps that phase's activation memory; same results.")
     lr: float = Field(3e-4, gt=0, description="Adam learning rate of policy and value model.")
     clip_eps: float = Field(0.2, gt=0, description="Clip range of the surrogate objective (PPO, eq. 7).")
     value_clip: float = Field(0.2, gt=0, description="Clip range of the value prediction around the rollout's value.")

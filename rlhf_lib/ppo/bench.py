@@ -49,6 +49,8 @@ class BenchPPOConfig(BaseModel):
     response_length: int = Field(32, ge=1, description="Tokens sampled per prompt, always all of them.")
     num_ppo_epochs: int = Field(1, ge=1, description="PPO epochs over each rollout.")
     num_mini_batches: int = Field(4, ge=1, description="Minibatches per epoch, one optimizer step each.")
+    score_batch_size: int = Field(16, ge=1, description="Rows per forward pass when scoring (ppo.score_batch_size); "
+                                  "TRL's baseline scores all 64 at once (its local_rollout_forward_batch_size).")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature (also in every log-prob).")
     learning_rate: float = Field(3e-6, gt=0, description="Optimizer learning rate.")
     kl_coef: float = Field(0.05, ge=0, description="Fixed beta of the k1 KL penalty.")
@@ -76,7 +78,7 @@ def ppo_config(c: BenchPPOConfig) -> PPOConfig:
         lam=c.lam, kl_coef=c.kl_coef, kl_estimator="k1", adaptive_kl=False, whiten_advantages=True,
         max_grad_norm=1e9,  # TRL's PPO loop never clips (the norm is still computed: a few ms)
         seed=c.seed, stop_at_eos=False, rm_offset_samples=0,  # TRL: no stop token, no RM normalisation
-        critic=c.critic, lora=c.lora, lr_schedule="constant",
+        critic=c.critic, lora=c.lora, lr_schedule="constant", score_batch_size=c.score_batch_size,
     )
 
 

@@ -134,12 +134,20 @@ class PPOTrainer:
         t0 = time.perf_counter()
         if self.rm_offset is None:
             self._set_rm_offset(self._rm_offset())
-        args = (ro.query, ro.query_mask, ro.response, ro.response_mask)
-        with adapters_off(self.peft):
-            ro.ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
-        ro.values = self.critic.values(self.m.policy, *args)
-        ro.raw_scores = self._rm_scores(*args)
+        # In chunks of rows: the three forward passes' activations (a (rows, T, 4H) MLP tensor per layer, the (rows,
+        # R, V) logits) never exist for the whole rollout at once. Rows are independent, so the results are the same.
+        n = self.cfg.score_batch_size
+        parts = [self._score_rows(ro.query[i : i + n], ro.query_mask[i : i + n], ro.response[i : i + n],
+                                  ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
+        ro.ref_logprobs, ro.values, ro.raw_scores = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
         self.timings["score_s"] = time.perf_counter() - t0
+
+    def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Reference log-probs (B, R), values (B, R) or None, raw RM scores (B,) of rows (query, query_mask,
+        response, response_mask)."""
+        with adapters_off(self.peft):
+            ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
+        return ref_logprobs, self.critic.values(self.m.policy, *args), self._rm_scores(*args)
 
     @property
     def reference(self) -> PreTrainedModel:

@@ -124,6 +124,28 @@ def test_rm_offset_centres_sft_scores_and_shifts_a_value_model_copied_from_the_r
     torch.testing.assert_close(ro.scores, ro.raw_scores - trainer.rm_offset)
 
 
+def test_scoring_in_row_chunks_gives_the_one_pass_results(tiny_tokenizer, tiny_policy):
+    """Chunks of 3 rows (uneven: 3 + 3 + 2) against all 8 at once, on one rollout with padded prompts."""
+    prompts = [p + " please" * (i % 3) for i, p in enumerate(PROMPTS)]
+    for estimator in ("gae", "rloo"):
+        cfg = CFG.model_copy(update={"advantage_estimator": estimator, "group_size": 2, "rm_offset_samples": 0})
+        trainer = PPOTrainer(_trainer(tiny_policy, cfg), prompts, cfg, max_prompt_tokens=32)
+        trainer.m.tokenizer = tiny_tokenizer
+        ro = trainer.rollout()
+        assert not bool(ro.query_mask.all())  # some prompts are left-padded
+        out = {}
+        for rows in (8, 3):
+            trainer.cfg = cfg.model_copy(update={"score_batch_size": rows})
+            trainer.score(ro)
+            out[rows] = (ro.ref_logprobs, ro.values, ro.raw_scores)
+        torch.testing.assert_close(out[3][0], out[8][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out[3][2], out[8][2], rtol=1e-5, atol=1e-6)
+        if estimator == "gae":
+            torch.testing.assert_close(out[3][1], out[8][1], rtol=1e-5, atol=1e-6)
+        else:
+            assert out[3][1] is None and out[8][1] is None
+
+
 def test_critic_free_rollouts_repeat_each_prompt_group_size_times(tiny_tokenizer, tiny_policy):
     cfg = CFG.model_copy(update={"advantage_estimator": "grpo", "group_size": 4, "rm_offset_samples": 0})
     trainer = _make(tiny_tokenizer, tiny_policy, cfg)
