@@ -74,7 +74,8 @@ def overoptimisation_png(history: dict[str, list[tuple[int, float]]]) -> str | N
             ax.scatter(x, y, c=it, cmap=cmap, vmin=-0.3 * max(it), s=14, label=label)
     ax.set_xlabel("KL to reference (nats/response); darker = later iteration")
     ax.set_ylabel("mean reward of the rollout")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # no series without RM scores or gold in the history
+        ax.legend()
     ax.grid(alpha=0.3)
     out = _png(fig)
     plt.close(fig)
