@@ -63,7 +63,7 @@ def update_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
     return trainer.update(ro)
 
 
-LOOP_TASKS = frozenset({"rollout", "score", "gae", "update"})
+LOOP_TASKS = frozenset(t.name for t in (rollout_task, score_task, gae_task, update_task))
 
 
 class QuietLoopTasks(logging.Filter):
