@@ -157,8 +157,7 @@ def ppo_epochs(
                 loss_total += cfg.ptx_coef * float(ptx.detach()) * share
                 mb_stats["ptx_loss"] = float(ptx.detach()) * share
             loss_total, mb_stats = dist.pooled(loss_total, mb_stats)
-            norms = {name: _grad_norm(ps) for name, ps in groups.items()}
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            norms, grad_norm = _clip_grad_norms(groups, params, cfg.max_grad_norm)
             # NaN/inf guard: a non-finite loss or gradient never reaches the weights or Adam's moments.
             if not (torch.isfinite(torch.tensor(loss_total)) and torch.isfinite(grad_norm)):
                 optimizer.zero_grad(set_to_none=True)
@@ -187,7 +186,15 @@ def ppo_epochs(
     return out
 
 
-def _grad_norm(params: list[torch.Tensor]) -> float:
-    """L2 norm of the gradients of `params` before clipping (0 when none has a gradient)."""
-    grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
+def _clip_grad_norms(
+    groups: dict[str, list[torch.Tensor]], params: list[torch.Tensor], max_norm: float
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Each group's gradient L2 norm and the global one (both before clipping), then clip all gradients to
+    `max_norm` by the global norm. Every gradient's norm is computed once: the global norm is the root of the sum of
+    the groups' squares. A group without gradients has norm 0."""
+    per_group = {
+        name: torch.nn.utils.get_total_norm([p.grad for p in ps if p.grad is not None]) for name, ps in groups.items()
+    }
+    total = torch.linalg.vector_norm(torch.stack(list(per_group.values())))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return {name: float(v) for name, v in per_group.items()}, total
