@@ -14,7 +14,7 @@ from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.data.records import PairExample, RankedExample
 from rlhf_lib.distributed import Distributed
-from rlhf_lib.ppo.scoring import sequence_scores
+from rlhf_lib.ppo.scoring import no_cache, sequence_scores
 from rlhf_lib.training import (
     adamw_with_linear_schedule,
     n_batches,
@@ -72,7 +72,7 @@ def training_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     syncs gradients of calls that go through it. Valid for right-padded rows: the `*ForSequenceClassification`
     head pools at the rightmost non-PAD token, which is the last real token since PAD never occurs in text.
     Shape: (B, T) -> (B,)."""
-    return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1)
+    return model(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)).logits.squeeze(-1)
 
 
 def _pair_index(batch: Sequence[RankedExample], device: torch.device):

@@ -12,6 +12,7 @@ from rlhf_lib.config import SFTConfig
 from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.data.records import SFTExample
 from rlhf_lib.distributed import Distributed
+from rlhf_lib.ppo.scoring import no_cache
 from rlhf_lib.training import (
     adamw_with_linear_schedule,
     n_batches,
@@ -58,7 +59,8 @@ def train_sft(
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
         mb, real = dist.shard(batch)
         b = dist.to_device(sft_batch(tokenizer, [e.prompt for e in mb], [e.response for e in mb], cfg.max_length))
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits  # (b, T, V)
+        ids, mask = b["input_ids"], b["attention_mask"]
+        logits = model(input_ids=ids, attention_mask=mask, **no_cache(model)).logits  # (b, T, V)
         loss, stats = response_lm_loss(logits, b["labels"])
         loss, _ = dist.global_share(loss, stats["tokens"] if real else 0.0, logits)
         loss_value, grad_norm = dist.step(loss, opt, sched, 1.0, "SFT", step)

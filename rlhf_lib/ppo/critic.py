@@ -24,6 +24,7 @@ from rlhf_lib.ppo.scoring import (
     concat,
     gather_logprobs,
     keep_last,
+    no_cache,
     position_ids,
     response_logits,
     token_values,
@@ -155,7 +156,7 @@ def _shared_forward(policy: PreTrainedModel, head: ValueHead, query: Tensor, que
     p, r = query.shape[1], response.shape[1]
     with torch.set_grad_enabled(train_backbone and torch.is_grad_enabled()):
         out = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=True,
-                     **keep_last(policy, r + 1))
+                     **keep_last(policy, r + 1), **no_cache(policy))
     m = response_mask.to(torch.float32)
     values = head(out.hidden_states[-1][:, p - 1 : p + r - 1]) * m  # (B, R, H) -> (B, R)
     if not train_backbone:

@@ -14,6 +14,7 @@ from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.distributed import Solo
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
+from rlhf_lib.ppo.scoring import no_cache
 from rlhf_lib.ppo.types import Rollout
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
@@ -42,7 +43,8 @@ def ptx_loss(policy: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.T
     of the policy on demonstration responses. Shapes: input_ids, attention_mask, labels (N, T) -> loss ()."""
     from rlhf_lib.sft import response_lm_loss
 
-    logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (N, T, V)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    logits = policy(input_ids=ids, attention_mask=mask, **no_cache(policy)).logits  # (N, T, V)
     return response_lm_loss(logits.float(), batch["labels"])[0]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.scoring import last_token_index, position_ids, sequence_scores, token_values
+from rlhf_lib.ppo.scoring import last_token_index, no_cache, position_ids, sequence_scores, token_values
 
 
 def test_position_ids_skip_left_padding():
@@ -39,3 +39,21 @@ def test_values_are_zero_on_padding_and_one_per_response_token(tiny_policy):
     assert v.shape == (2, 3)
     assert v[0, 2] == 0 and v[1, 1] == 0 and v[1, 2] == 0
     assert v[0, 0] != 0 and v[1, 0] != 0
+
+
+def test_whole_sequence_passes_build_no_kv_cache(tiny_policy):
+    """transformers 5 builds a KV cache by default; a scoring or training pass asks for none, with equal logits."""
+    ids = torch.randint(3, 100, (2, 9))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        default = tiny_policy(input_ids=ids, attention_mask=mask)
+        plain = tiny_policy(input_ids=ids, attention_mask=mask, **no_cache(tiny_policy))
+    assert default.past_key_values is not None and plain.past_key_values is None
+    assert torch.equal(default.logits, plain.logits)
+    assert no_cache(tiny_policy.base_model) == {"use_cache": False}
+
+    class NoKwargs(torch.nn.Module):
+        def forward(self, input_ids):
+            return input_ids
+
+    assert no_cache(NoKwargs()) == {}  # a forward that cannot take the argument never gets it
