@@ -197,6 +197,7 @@ def _clip_grad_norms(
     per_group = {
         name: torch.nn.utils.get_total_norm([p.grad for p in ps if p.grad is not None]) for name, ps in groups.items()
     }
-    total = torch.linalg.vector_norm(torch.stack(list(per_group.values())))
+    # The norm of the group norms; get_total_norm also brings them to one device (an empty group's 0 is on the CPU).
+    total = torch.nn.utils.get_total_norm(list(per_group.values()))
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return {name: float(v) for name, v in per_group.items()}, total
