@@ -89,6 +89,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             digest = write_manifest(out_dir)
             model_uri = publish_task(run, out_dir, lineage, digest)
     except BaseException as e:
+        run.send_pending()  # one try: a failed run still shows its last metrics (the NaN, the alarm) if the store is up
         if isinstance(e, KeyboardInterrupt):
             run.set_tags({"rlhf.interrupted": "true"})  # resumable, unlike a failure (see stages/resume.py)
         unregister(run)

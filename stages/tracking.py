@@ -26,6 +26,10 @@ from mlflow.entities import Metric, Param, RunTag
 EXPERIMENT = "rlhf"
 RETRY_DELAYS_S = (1, 2, 4, 8, 15)
 MAX_BUFFERED_METRICS = 200_000
+# A training loop logs every step; sending each step's metrics in its own round trip costs ~5 ms against a local
+# SQLite store (~7 % of a demo reward-model step). Metrics are sent at most this often instead, all of them, in order.
+SEND_EVERY_S = 1.0
+_clock = time.monotonic
 # What a store that is down for a moment raises: MLflow's own errors, and connection errors (OSError subclasses).
 _TRANSIENT = (mlflow.exceptions.MlflowException, OSError)
 _log = logging.getLogger(__name__)
@@ -140,17 +144,24 @@ class StageRun:
         self.run_id = self.run.info.run_id
         self.stage = stage
         self._pending: list[Metric] = []
+        self._last_send = float("-inf")
 
     @property
     def artifact_uri(self) -> str:
         return self.run.info.artifact_uri
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Buffer the metrics and try to send everything pending once: a store that fails for a moment costs
-        training nothing, and the metrics go with the next call (none is lost). `flush()` at the end of the stage
-        retries with backoff and fails the stage if the store stays down."""
+        """Buffer the metrics; at most every `SEND_EVERY_S` seconds, try to send everything pending once. A store
+        that fails for a moment costs training nothing, and the metrics go with a later call (none is lost).
+        `flush()` at the end of the stage retries with backoff and fails the stage if the store stays down."""
         ts = int(time.time() * 1000)
         self._pending += [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None]
+        if _clock() - self._last_send >= SEND_EVERY_S:
+            self.send_pending()
+
+    def send_pending(self) -> None:
+        """One attempt to send everything pending; on a transient failure keep it buffered (flush past the cap)."""
+        self._last_send = _clock()
         try:
             self._send()
         except _TRANSIENT as e:
@@ -197,6 +208,9 @@ class StageRun:
                        tags=[RunTag(k, redact(k, v)) for k, v in tags.items()])
 
     def log_dir(self, local_dir: Path, artifact_path: str) -> None:
+        """Upload a directory (a checkpoint, a model). The metrics logged before it are sent first, so a store that
+        holds a checkpoint also holds every metric up to it (a resumed run copies those; stages/resume.py)."""
+        self.flush()
         self._retrying("log_artifacts", self.client.log_artifacts, self.run_id, str(local_dir), artifact_path)
 
     def log_dict(self, obj: Any, artifact_file: str) -> None:

@@ -25,7 +25,7 @@ class FlakyClient:
 
 def _run(client) -> StageRun:
     run = StageRun.__new__(StageRun)  # no real run: this isolates the buffering logic
-    run.client, run.run_id, run.stage, run._pending = client, "r1", "ppo", []
+    run.client, run.run_id, run.stage, run._pending, run._last_send = client, "r1", "ppo", [], float("-inf")
     return run
 
 
@@ -47,6 +47,39 @@ def test_a_store_that_stays_down_fails_the_flush(monkeypatch):
     with pytest.raises(MlflowException):
         run.flush()
     assert len(run._pending) == 1  # still buffered, never silently dropped
+
+
+def test_metrics_are_sent_at_most_once_per_interval_all_of_them_in_order(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(tracking, "_clock", lambda: now[0])
+    client = FlakyClient(failures=0)
+    calls = []
+    client.log_batch = lambda run_id, metrics=(), tags=(): calls.append([(m.key, m.step) for m in metrics])
+    run = _run(client)
+    run.log_metrics({"reward/loss": 1.0}, 0)  # the first call sends at once
+    for step in range(1, 4):  # within SEND_EVERY_S of it: buffered
+        now[0] += 0.2
+        run.log_metrics({"reward/loss": 1.0}, step)
+    assert calls == [[("reward/loss", 0)]]
+    now[0] += tracking.SEND_EVERY_S
+    run.log_metrics({"reward/loss": 1.0, "reward/accuracy": 0.5}, 4)
+    assert calls[1] == [("reward/loss", 1), ("reward/loss", 2), ("reward/loss", 3), ("reward/loss", 4),
+                        ("reward/accuracy", 4)]
+    run.log_metrics({"reward/loss": 1.0}, 5)
+    run.flush()  # the end of the stage sends the rest whatever the clock says
+    assert calls[2] == [("reward/loss", 5)] and run._pending == []
+
+
+def test_an_artifact_upload_sends_the_metrics_logged_before_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(tracking, "_clock", lambda: 0.0)
+    client = FlakyClient(failures=0)
+    client.log_artifacts = lambda run_id, local, path: client.stored.append(("artifact:" + path, -1, None))
+    run = _run(client)
+    run.log_metrics({"objective/kl": 1.0}, 0)
+    run.log_metrics({"objective/kl": 2.0}, 1)  # same instant: buffered
+    run.log_dir(tmp_path, "checkpoints/iter-2")
+    assert client.stored == [("objective/kl", 0, 1.0), ("objective/kl", 1, 2.0),
+                             ("artifact:checkpoints/iter-2", -1, None)]
 
 
 def test_other_writes_are_retried_with_backoff_then_fail_loudly(monkeypatch):
