@@ -23,8 +23,14 @@ def seed_everything(seed: int) -> None:
 def adamw_with_linear_schedule(
     params, lr: float, weight_decay: float, total_steps: int, warmup_frac: float = 0.05, eps: float = 1e-8
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW with a linear warm-up over `warmup_frac` of the steps, then linear decay to 0."""
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps)
+    """AdamW with a linear warm-up over `warmup_frac` of the steps, then linear decay to 0.
+
+    Fused (one kernel per parameter tensor) where every parameter is a float tensor on the CPU or a GPU: on the CPU
+    torch's default is the per-tensor Python loop, which cost a fifth of a demo reward-model step (profiled).
+    """
+    params = list(params)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, eps=eps, fused=fused or None)
     warm = max(1, math.ceil(total_steps * warmup_frac))
 
     def factor(step: int) -> float:
