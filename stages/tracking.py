@@ -78,8 +78,35 @@ def setup_mlflow() -> str:
     if uri.startswith("sqlite:///"):
         # Two processes creating a fresh SQLite store at once race in its schema migrations: take turns.
         with file_lock("mlflow-store"):
-            return _ensure_experiment(uri)
+            return _open_sqlite_store(uri)
     return _ensure_experiment(uri)
+
+
+def _open_sqlite_store(uri: str) -> str:
+    """`_ensure_experiment` on a SQLite store, retried while another process holds the database's write lock.
+
+    Opening the store reads its schema outside MLflow's error handling, so a writer that holds the lock for longer
+    than SQLite's 5 s busy timeout (another `rlhf` run on the same state dir, busy writing) surfaces as a bare
+    `sqlite3.OperationalError`. Retry with backoff, then fail naming the file.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    start = time.monotonic()
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return _ensure_experiment(uri)
+        except OperationalError as e:
+            if "locked" not in str(e):
+                raise
+            if delay is None:
+                path, waited = uri.removeprefix("sqlite:///"), time.monotonic() - start
+                raise RuntimeError(
+                    f"MLflow store {path} stayed locked by another process for {waited:.0f} s (another `rlhf` run "
+                    "writing to the same RLHF_HOME?). Wait for it, or use another RLHF_HOME."
+                ) from None
+            _log.warning("MLflow store %s is locked by another process, retrying in %s s", uri, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def _ensure_experiment(uri: str) -> str:

@@ -99,3 +99,29 @@ def test_credentials_never_reach_params_or_tags():
     assert redact("note", "use hf_abcdefghijklmnopqrstuvwxyz0123 here") == "use *** here"
     assert redact("uri", "https://user:s3cret@host/x") == "https://***@host/x"
     assert redact("auth", "Bearer abc.def") == "***"  # key matches nothing, but the value is a bearer token
+
+
+def _locked():
+    from sqlalchemy.exc import OperationalError
+    return OperationalError("SELECT name FROM sqlite_master", {}, Exception("database is locked"))
+
+
+def test_a_store_locked_for_a_moment_is_waited_for(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS_S", (0, 0))
+    calls = []
+
+    def ensure(uri):
+        calls.append(uri)
+        if len(calls) < 3:
+            raise _locked()
+        return "7"
+
+    monkeypatch.setattr(tracking, "_ensure_experiment", ensure)
+    assert tracking._open_sqlite_store("sqlite:////state/mlflow.db") == "7" and len(calls) == 3
+
+
+def test_a_store_that_stays_locked_fails_naming_the_file(monkeypatch):
+    monkeypatch.setattr(tracking, "RETRY_DELAYS_S", (0, 0))
+    monkeypatch.setattr(tracking, "_ensure_experiment", lambda uri: (_ for _ in ()).throw(_locked()))
+    with pytest.raises(RuntimeError, match=r"/state/mlflow\.db stayed locked by another process"):
+        tracking._open_sqlite_store("sqlite:////state/mlflow.db")
