@@ -21,10 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-GPT2_124M = dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024, prompt_length=64,
-                 response_length=128, rollout_batch_size=64, num_mini_batches=4, iterations=6, warmup_iterations=2)
-TINY = dict(n_layer=1, n_head=2, n_embd=32, vocab_size=256, n_positions=64, prompt_length=8, response_length=8,
-            rollout_batch_size=8, num_mini_batches=2, num_prompts=16, iterations=2, warmup_iterations=1)
+GPT2_124M = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.vocab_size": 50257,
+             "model.n_positions": 1024, "bench.prompt_length": 64, "ppo.max_new_tokens": 128, "ppo.batch_size": 64,
+             "ppo.minibatches": 4, "bench.iterations": 6, "bench.warmup_iterations": 2}
+TINY = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.vocab_size": 256, "model.n_positions": 64,
+        "eval.max_new_tokens": 8,
+        "bench.prompt_length": 8, "ppo.max_new_tokens": 8, "ppo.batch_size": 8, "ppo.minibatches": 2,
+        "bench.num_prompts": 16, "bench.iterations": 2, "bench.warmup_iterations": 1}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,12 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--tiny", action="store_true", help="a tiny config (CPU smoke test of this script)")
     p.add_argument("--peak-tflops", type=float, default=None, help="datasheet peak for MFU")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any `rlhf bench ppo` key")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any `rlhf bench ppo` key, e.g. "
+                   "ppo.critic=shared")
     a = p.parse_args(argv)
 
     import torch
 
-    from flows.bench_ppo import bench_ppo
+    from benchmarks.config import PRESET_DIRS, BenchPipelineConfig
+    from benchmarks.ppo import bench_ppo
+    from flows.settings import load_config
 
     peak = a.peak_tflops
     if peak is None and a.device.startswith("cuda") and torch.cuda.is_available():
@@ -46,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = 989.0 if any(g in name for g in ("H100", "H200")) else None
         print(f"# device: {name}; MFU against {f'{peak} TFLOP/s' if peak else 'the measured roofline'}", flush=True)
     sets = [f"{k}={v}" for k, v in (TINY if a.tiny else GPT2_124M).items()]
-    sets += [f"device={a.device}", f"dtype={a.dtype}"] + ([f"peak_tflops={peak}"] if peak else []) + a.set
-    summary = bench_ppo(sets)
+    sets += [f"bench.device={a.device}", f"bench.dtype={a.dtype}"] + ([f"bench.peak_tflops={peak}"] if peak else [])
+    summary = bench_ppo(load_config("trl-baseline", None, sets + a.set, BenchPipelineConfig, PRESET_DIRS))
     keys = ("tokens_per_s_end_to_end", "tokens_per_s_generate", "generate_s_median", "rollout_score_s_median",
             "update_s_median", "mfu_update", "mfu_reference", "gflops_update", "roofline_gflops", "peak_gpu_mem_mib")
     print("gpu_check: " + ", ".join(f"{k}={summary.get(k)}" for k in keys), flush=True)

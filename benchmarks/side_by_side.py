@@ -3,7 +3,7 @@
 alternated A B A B ... in one session so both see the same machine, compared pair by pair.
 
     bash benchmarks/setup_trl_venv.sh                    # once: the TRL side's venv (benchmarks/.trl-venv)
-    python benchmarks/side_by_side.py --pairs 3 --iterations 30 [--set activation_function=gelu_pytorch_tanh]
+    python benchmarks/side_by_side.py --pairs 3 --iterations 30 [--set ppo.critic=shared]
 
 Each run is a fresh process; its last stdout line is a JSON summary with the same key names on both sides. The
 table gives, per pair, s/iteration (median), generated tokens/s and peak RSS of each side and their ratio
@@ -48,7 +48,7 @@ def commands(args) -> dict[str, tuple[list[str], dict[str, str]]]:
     trl = [args.trl_python, str(HERE / "trl_ppo_baseline.py"), "--iterations", str(args.iterations),
            "--output-dir", str(args.log_dir / "trl-out")]
     ours_env = {**os.environ, "PYTHONPATH": str(args.ours_root), "HF_HUB_OFFLINE": "1"}
-    ours = [args.ours_python, "-m", "flows.cli", "bench", "ppo", "--json", "--set", f"iterations={args.iterations}"]
+    ours = [args.ours_python, "-m", "flows.cli", "bench", "ppo", "--json", "--set", f"bench.iterations={args.iterations}"]
     for s in args.set or []:
         ours += ["--set", s]
     return {"trl": (trl, trl_env), "ours": (ours, ours_env)}
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-python", default=str(HERE / ".trl-venv" / "bin" / "python"))
     p.add_argument("--ours-python", default=sys.executable)
     p.add_argument("--ours-root", type=Path, default=ROOT, help="checkout whose code runs as ours (A/B of patches)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="passed on to `rlhf bench ppo`")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="passed on to `rlhf bench ppo` (its keys: "
+                   "the pipeline's plus bench.*); the TRL side keeps its own configuration")
     p.add_argument("--out", type=Path, default=None, help="record file (default benchmarks/results/...)")
     args = p.parse_args(argv)
     if not Path(args.trl_python).exists():

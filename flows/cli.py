@@ -1,8 +1,10 @@
-"""The `rlhf` command: run pipelines in-process, serve the deployments, manage the local services.
+"""The `rlhf` command: run pipelines in-process, serve the deployments, manage the local services, benchmarks.
 
 Environment defaults are set before Prefect is imported (it reads its settings at import): everything goes under
 the state dir (`$RLHF_HOME`, else `./.rlhf`) unless `PREFECT_HOME`, `PREFECT_API_URL` or `MLFLOW_TRACKING_URI`
-say otherwise.
+say otherwise. A mistake of the user's (a bad config key, a bad data row, a missing model version, a server that
+does not answer) ends the command with one message naming the key, file and line, URI or URL, and what to do;
+`--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flows.settings import load_config, preset_names
+from stages.home import state_dir
+
 PIPELINES = ("full", "sft", "reward", "ppo", "eval")
 DEPLOYMENTS = PIPELINES
-
-
-def state_dir() -> Path:
-    return Path(os.environ.get("RLHF_HOME") or Path.cwd() / ".rlhf").resolve()
 
 
 def configure_env(use_services: bool = True) -> Path:
@@ -31,6 +32,8 @@ def configure_env(use_services: bool = True) -> Path:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # transformers' and the hub's tqdm bars ("Loading weights", "Writing model shards") on every model load and save.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if use_services and "PREFECT_API_URL" not in os.environ:
         from flows.services import running_prefect_api
 
@@ -40,52 +43,12 @@ def configure_env(use_services: bool = True) -> Path:
     return state
 
 
-def preset_layer(name: str) -> tuple[str, dict]:
-    import yaml
-
-    files = Path(__file__).parent / "presets"
-    path = files / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml"))
-        raise SystemExit(f"rlhf: unknown preset {name!r}; known presets: {', '.join(known)}")
-    return f"preset {name}", yaml.safe_load(path.read_text()) or {}
-
-
-def file_layer(path: str) -> tuple[str, dict]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise SystemExit(f"rlhf: config file {path} does not exist")
-    try:
-        return str(p), yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise SystemExit(f"rlhf: {path}: invalid YAML: {e}") from None
-
-
-def load_config(preset: str, config_file: str | None, sets: list[str]):
-    from rlhf_lib.config import ConfigError, build_config
-
-    layers = [preset_layer(preset)] + ([file_layer(config_file)] if config_file else [])
-    try:
-        return build_config(layers, sets)
-    except ConfigError as e:
-        raise SystemExit(f"rlhf: bad config:\n{e}") from None
-
-
 def check_prefect(api_url: str, timeout_s: float = 5.0) -> None:
     """Fail within seconds, naming the URL, when the configured Prefect API does not answer (no hang)."""
-    import urllib.error
-    import urllib.request
+    from stages.net import require_healthy
 
-    try:
-        with urllib.request.urlopen(api_url.rstrip("/") + "/health", timeout=timeout_s) as resp:
-            if resp.status == 200:
-                return
-    except (urllib.error.URLError, OSError) as e:
-        raise SystemExit(f"rlhf: the Prefect API at {api_url} is unreachable ({e}). Start it with `rlhf up`, or "
-                         "unset PREFECT_API_URL to use a throwaway local server.") from None
-    raise SystemExit(f"rlhf: the Prefect API at {api_url} did not answer its health check")
+    require_healthy(api_url, "Prefect API", "Start it with `rlhf up`, or unset PREFECT_API_URL to use a throwaway "
+                    "local server.", timeout_s)
 
 
 def start_prefect():
@@ -118,66 +81,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.config, args.set or [])
     configure_env()
     server = start_prefect()
+    from flows.console import Console
     from rlhf_lib.process import configure_process
 
     configure_process(cfg.torch_threads)
     from flows.pipeline import rlhf
-    from rlhf_lib.data import DataError
 
-    with flow_settings(server):
-        try:
-            summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
-                           reward_model=args.reward_model)
-        except DataError as e:  # a bad data row or source: the message names file, line and field
-            raise SystemExit(f"rlhf: bad data: {e}") from None
+    console = Console(quiet=args.json, debug=args.debug)
+    with flow_settings(server), console.live():
+        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
+                       reward_model=args.reward_model)
     if args.json:
         print(json.dumps(summary), flush=True)
     else:
-        _print_summary(summary)
+        console.summary(summary)
     return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    results: dict = {}
-    if args.which in ("all", "ppo"):  # bare, before any Prefect server competes for the cores
-        from flows.bench_ppo import bench_ppo
-
-        ppo = bench_ppo(args.set or [])
-        results = ppo if args.which == "ppo" else {"ppo": ppo}
-    elif args.set:
-        raise SystemExit("rlhf bench: --set applies to `rlhf bench ppo` only")
-    if args.which != "ppo":
-        configure_env(use_services=False)
-        server = start_prefect()
-        from flows.bench import run_benchmarks
-
-        with flow_settings(server):
-            results.update(run_benchmarks(args.which, iterations=args.iterations))
-    if args.json:
-        print(json.dumps(results, separators=(",", ":")), flush=True)
-    return 0
-
-
-def _print_summary(summary: dict) -> None:
-    print(f"pipeline {summary['pipeline']}: {summary['status']} in {summary['seconds']} s")
-    for stage, s in summary["stages"].items():
-        print(f"  {stage:7s} {s['status']:7s} {s['seconds']:7.1f} s  {s.get('model_uri') or s['mlflow_run_id']}")
-    for k, v in (summary.get("eval") or {}).items():
-        print(f"  eval.{k} = {v if v is None else round(v, 4)}")
-    print(f"MLflow: {summary['mlflow_tracking_uri']} (parent run {summary['mlflow_run_id']})")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     configure_env(use_services=False)
     from prefect import serve
 
-    from flows.pipeline import rlhf
+    from flows.pipeline import deployment_parameters, rlhf
 
-    cfg = load_config(args.preset, None, [])
+    cfg = load_config(args.preset)
     deployments = [
-        rlhf.to_deployment(name=name, parameters={"pipeline": name, "config": cfg.model_dump()},
-                           description=f"RLHF pipeline up to its {name} stage (preset {args.preset}).",
-                           tags=["rlhf"])
+        rlhf.to_deployment(name=name, parameters=deployment_parameters(name, args.preset, cfg),
+                           description=f"RLHF pipeline up to its {name} stage. Its config defaults to preset "
+                           f"{args.preset}; a partial `config` parameter is merged onto that preset.", tags=["rlhf"])
         for name in DEPLOYMENTS
     ]
     serve(*deployments, print_starting_message=True)
@@ -210,7 +141,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from flows.services import status
 
     for name, s in status(state).items():
-        print(f"{name:8s} pid={s.get('pid')} alive={s.get('alive')} healthy={s.get('healthy')} {s.get('url', '')}")
+        print(f"{name:8s} pid={s['pid']} alive={s['alive']} healthy={s['healthy']} {s['url']}")
     return 0
 
 
@@ -229,32 +160,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_reference(args: argparse.Namespace) -> int:
+    from flows.reference import reference
+
+    text = reference()
+    if args.check:
+        current = Path(args.check).read_text() if Path(args.check).is_file() else ""
+        if current != text:
+            raise SystemExit(f"rlhf: {args.check} is out of date; regenerate it with `rlhf reference > {args.check}`")
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
+    from benchmarks.cli import add_parser as add_bench
+
+    presets = ", ".join(preset_names())
     p = argparse.ArgumentParser(prog="rlhf", description="A reproducible RLHF pipeline of cached stages.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks (and every log line) on errors")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a pipeline in-process (no servers needed)")
     r.add_argument("pipeline", choices=PIPELINES, help="the last stage to run; upstream stages run or are cached")
-    r.add_argument("--preset", default="demo", help="named preset: demo (default) or micro")
+    r.add_argument("--preset", default="demo", help=f"named preset, one of: {presets} (default demo)")
     r.add_argument("--config", help="YAML file merged over the preset")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one key, e.g. ppo.kl_coef=0.1")
     r.add_argument("--force", action="append", metavar="STAGE", help="recompute STAGE even on a cache hit")
     r.add_argument("--sft-model", metavar="URI", help="use this SFT model instead of the sft stage")
     r.add_argument("--reward-model", metavar="URI", help="use this reward model instead of the reward stage, "
                    "e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion or runs:/<run id>/model")
-    r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line")
+    r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line (no "
+                   "progress display)")
     r.set_defaults(fn=cmd_run)
-    b = sub.add_parser("bench", help="print performance figures (no timed tests: numbers to read)")
-    b.add_argument("which", nargs="?", choices=("all", "ppo", "overhead", "cached"), default="all",
-                   help="ppo: bare PPO iterations on the TRL baseline's config; overhead: Prefect tasks vs the bare "
-                   "PPO loop; cached: a fully cached `rlhf run full`")
-    b.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="bench ppo: override one key, e.g. iterations=10 or device=cuda")
-    b.add_argument("--iterations", type=int, default=10, help="PPO iterations measured per side (overhead)")
-    b.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
-    b.set_defaults(fn=cmd_bench)
+    add_bench(sub)
     s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")
-    s.add_argument("--preset", default="demo", help="the config the deployments default to")
+    s.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
     s.set_defaults(fn=cmd_serve)
+    ref = sub.add_parser("reference", help="print the config and metric reference (docs/reference.md)")
+    ref.add_argument("--check", metavar="FILE", help="fail unless FILE holds exactly the reference")
+    ref.set_defaults(fn=cmd_reference)
     for name, fn, text in (("up", cmd_up, "start the Prefect server, MLflow server and deployments"),
                            ("down", cmd_down, "stop the local services"),
                            ("status", cmd_status, "show the local services"),
@@ -264,8 +208,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flows.errors import user_error
+
     args = parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except Exception as e:
+        message = user_error(e)
+        if message is None or args.debug:
+            raise
+        print(f"rlhf: {message}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,20 +12,13 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from flows.prefect_tuning import server_batching
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from stages.net import free_port, healthy
 
 
 class EphemeralPrefect:
@@ -35,7 +28,7 @@ class EphemeralPrefect:
         spec = importlib.util.find_spec("prefect")
         if spec is None or spec.origin is None:
             raise ImportError("prefect is not installed")
-        self.port = _free_port()
+        self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.app_dir = str(Path(spec.origin).parent.parent)
         self.restarts = 0
@@ -66,12 +59,8 @@ class EphemeralPrefect:
                     continue
                 code = self.process.returncode
                 raise RuntimeError(f"the temporary Prefect server on {self.api_url} exited with {code}")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+            if healthy(f"{self.api_url}/health"):
+                return
             time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"the temporary Prefect server on {self.api_url} did not answer within {timeout_s:.0f} s")

@@ -12,7 +12,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from rlhf_lib.config import PipelineConfig
+from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.process import configure_process
 from stages.base import RunContext
 from stages.cache import StageResult, given_model
@@ -37,6 +37,30 @@ def downstream_of(stages: list[str]) -> list[str]:
     return list(STAGES[first:])
 
 
+def merged_config(preset: str, config: PipelineConfig) -> PipelineConfig:
+    """The keys `config` was given (pydantic's `model_fields_set`, section by section) merged onto `preset`, and
+    validated again as a whole (an unknown key or a wrong type names the key)."""
+    from flows.settings import preset_layer
+
+    return build_config([preset_layer(preset), ("the config parameter", config.model_dump(exclude_unset=True))])
+
+
+def record_parameters(updates: dict) -> None:
+    """Replace parameters of this flow run on the Prefect server, so that the run shows what ran."""
+    from prefect.client.orchestration import get_client
+
+    if flow_run.id is None:
+        return
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, parameters={**flow_run.parameters, **updates})
+
+
+def deployment_parameters(pipeline: str, preset: str, config: PipelineConfig) -> dict:
+    """A deployment's default parameters: the preset's whole config (the Prefect UI's form shows its values), and
+    the preset's name, onto which a partial `config` parameter is merged (`merged_config`)."""
+    return {"pipeline": pipeline, "preset": preset, "config": config.model_dump(mode="json")}
+
+
 def config_hash(config: PipelineConfig) -> str:
     return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:8]
 
@@ -46,6 +70,11 @@ def run_name() -> str:
     params = flow_run.parameters
     cfg = params.get("config")
     cfg = cfg if isinstance(cfg, PipelineConfig) else PipelineConfig.model_validate(cfg or {})
+    if params.get("preset"):
+        try:
+            cfg = merged_config(params["preset"], cfg)
+        except ValueError:  # the flow itself reports the bad key
+            pass
     return f"{params.get('pipeline', 'full')}-{cfg.name}-{config_hash(cfg)}"
 
 
@@ -56,13 +85,19 @@ def rlhf(
     force: list[str] | None = None,
     sft_model: str | None = None,
     reward_model: str | None = None,
+    preset: str | None = None,
 ) -> dict:
     """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
 
     `force` names stages to recompute even on a cache hit, together with every stage after them.
     `sft_model` / `reward_model` take a model URI (`models:/rlhf-reward/3`, `models:/rlhf-reward@champion`,
     `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
+    `preset` (the deployments set it): the keys `config` was given are merged onto that preset, so a partial config
+    such as `{"ppo": {"lr": 1e-4}}` changes one key of the preset; without it `config` is used as it is.
     """
+    if preset is not None:
+        config = merged_config(preset, config)
+        record_parameters({"config": config.model_dump(mode="json")})
     force = downstream_of(force or [])
     configure_process(config.torch_threads)
     t0 = time.perf_counter()
@@ -80,12 +115,14 @@ def rlhf(
     results: dict[str, StageResult] = {}
     eval_metrics: dict | None = None
     try:
+        # Models the user named are resolved first: a missing version fails before any work.
+        given = {stage: given_model(stage, uri) for stage, uri in (("sft", sft_model), ("reward", reward_model))
+                 if uri and last >= STAGES.index(stage)}
         results["data"] = data_stage(config, ctx)
         if last >= 1:
-            results["sft"] = given_model("sft", sft_model) if sft_model else sft_stage(config, ctx, results["data"])
+            results["sft"] = given.get("sft") or sft_stage(config, ctx, results["data"])
         if last >= 2:
-            results["reward"] = (given_model("reward", reward_model) if reward_model
-                                 else reward_stage(config, ctx, results["data"], results["sft"]))
+            results["reward"] = given.get("reward") or reward_stage(config, ctx, results["data"], results["sft"])
         if last >= 3:
             results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], results["reward"])
         if last >= 4:
@@ -99,7 +136,7 @@ def rlhf(
     client.set_terminated(parent_id, "FINISHED")
     summary = {
         "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
-        "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
+        "mlflow_experiment_id": experiment_id, "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
         "stages": {k: r.summary() for k, r in results.items()},
         "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
     }

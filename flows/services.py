@@ -2,8 +2,8 @@
 
 Each service runs detached (its own session, so it outlives the `rlhf up` process and `down` can signal its whole
 process group), logs to `<state>/services/<name>.log` and records its pid in `<state>/services/<name>.pid`. The
-functions here never print; the CLI prints what they return. The low-level helpers (pid/url files, detached
-processes, liveness and HTTP/port probes, log tails) are in `flows.procs`.
+functions here never print; the CLI prints what they return. Starting, probing and stopping a process is
+`flows.procs`; the HTTP and port probes are `stages.net`.
 
 Host and ports come from `RLHF_HOST`, `RLHF_PREFECT_PORT`, `RLHF_MLFLOW_PORT` (loopback, 4200, 5000 by default).
 """
@@ -18,25 +18,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-# Helpers used below; `log_file` and `services_dir` are part of this module's public API (defined in procs so
-# the pid/url/log file layout lives in one place).
 from flows.prefect_tuning import server_batching
-from flows.procs import (
-    _forget,
-    _http_get,
-    _http_ok,
-    _is_ours,
-    _live_pid,
-    _pid_alive,
-    _pid_started_at,
-    _port_open,
-    _read_pid,
-    _recorded_url,
-    _spawn,
-    _stop_pid,
-    _wait_ready,
-    log_file,
-)
+from flows.procs import Service, forget, live_pid, log_file, read_pid, recorded_url, spawn, started_at, stop, wait_ready
+from stages.net import healthy, http_get, port_open
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PREFECT_PORT = 4200
@@ -67,19 +51,6 @@ class _Endpoints:
     @property
     def mlflow_ui(self) -> str:
         return f"http://{self.client_host}:{self.mlflow_port}"
-
-
-@dataclass(frozen=True)
-class _Service:
-    """One background service: how to start it, where it listens, and how to tell it is ready."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: Path | None
-    url: str  # the base URL reported to the user (and recorded beside the pid file)
-    port: int | None  # checked for a foreign listener before starting; None for serve (no port of its own)
-    ready: Callable[[Path], bool]  # receives the state dir; True once the service answers as ready
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -117,13 +88,13 @@ def _prefect_home(state: Path) -> str:
     return os.environ.get("PREFECT_HOME") or str(Path(state).resolve() / "prefect")
 
 
-def _services(state: Path, ep: _Endpoints) -> dict[str, _Service]:
+def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Service]:
     state = Path(state).resolve()
     # PREFECT_UI_API_URL: `prefect server start --port N` alone tells its UI the API is on the default port 4200.
     prefect_env = {**server_batching(), "PREFECT_HOME": _prefect_home(state),
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api}
     return {
-        "prefect": _Service(
+        "prefect": Service(
             name="prefect",
             argv=[sys.executable, "-m", "prefect", "server", "start",
                   "--host", ep.bind_host, "--port", str(ep.prefect_port)],
@@ -131,9 +102,9 @@ def _services(state: Path, ep: _Endpoints) -> dict[str, _Service]:
             cwd=state,
             url=ep.prefect_ui,
             port=ep.prefect_port,
-            ready=lambda _s: _http_ok(f"{ep.prefect_api}/health"),
+            ready=lambda _s: healthy(f"{ep.prefect_api}/health"),
         ),
-        "mlflow": _Service(
+        "mlflow": Service(
             name="mlflow",
             argv=[sys.executable, "-m", "mlflow", "server",
                   "--host", ep.bind_host, "--port", str(ep.mlflow_port), "--workers", "1",
@@ -146,16 +117,16 @@ def _services(state: Path, ep: _Endpoints) -> dict[str, _Service]:
             cwd=state,
             url=ep.mlflow_ui,
             port=ep.mlflow_port,
-            ready=lambda _s: _http_ok(f"{ep.mlflow_ui}/health"),
+            ready=lambda _s: healthy(f"{ep.mlflow_ui}/health"),
         ),
-        "serve": _Service(
+        "serve": Service(
             name="serve",
-            argv=[sys.executable, "-m", "flows.cli", "serve"],
+            argv=[sys.executable, "-m", "flows.cli", "serve", "--preset", preset],
             env={**prefect_env, "PREFECT_API_URL": ep.prefect_api, "RLHF_HOME": str(state)},
             cwd=None,  # the caller's working directory, as if `rlhf serve` were run there
             url=ep.prefect_api,
             port=None,
-            ready=lambda s: _serve_ready(ep.prefect_api, _pid_started_at(s, "serve")),
+            ready=lambda s: _serve_ready(ep.prefect_api, started_at(s, "serve")),
         ),
     }
 
@@ -170,7 +141,7 @@ def _serve_ready(prefect_api: str, started_at: float | None) -> bool:
     The deployment row outlives the serve process in Prefect's database, so its mere existence would report a
     restarted (or crashed) serve as ready at once; `last_polled` is refreshed by the live runner.
     """
-    got = _http_get(f"{prefect_api}/deployments/name/{SERVE_DEPLOYMENT}")
+    got = http_get(f"{prefect_api}/deployments/name/{SERVE_DEPLOYMENT}")
     if got is None or got[0] != 200:
         return False
     try:
@@ -193,7 +164,7 @@ def _serve_ready(prefect_api: str, started_at: float | None) -> bool:
 # start / stop
 
 
-def up(state: Path, with_serve: bool = True, timeout_s: float = 90) -> dict[str, str]:
+def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str = "demo") -> dict[str, str]:
     """Start the Prefect server, the MLflow server and (if `with_serve`) the deployment server in the background.
 
     A service whose pid file names a live process is not started again (only waited for until it is healthy); a
@@ -203,17 +174,17 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90) -> dict[str,
     """
     state = Path(state).resolve()
     ep = _endpoints()
-    specs = _services(state, ep)
+    specs = _services(state, ep, preset)
     names = [n for n in ORDER if with_serve or n != "serve"]
 
     running: dict[str, int] = {}
     for name in names:
-        pid = _live_pid(state, name)
+        pid = live_pid(state, name)
         if pid is None:
-            _forget(state, name)  # stale or absent
+            forget(state, name)  # stale or absent
             continue
         running[name] = pid
-        recorded = _recorded_url(state, name, specs[name].url)
+        recorded = recorded_url(state, name, specs[name].url)
         if recorded != specs[name].url:
             # Probing the new URL would time out; the running copy keeps its address until restarted.
             raise RuntimeError(
@@ -224,7 +195,7 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90) -> dict[str,
     # Check every port before starting anything, so a conflict leaves nothing half-started.
     for name in names:
         svc = specs[name]
-        if name not in running and svc.port is not None and _port_open(ep.client_host, svc.port):
+        if name not in running and svc.port is not None and port_open(ep.client_host, svc.port):
             raise RuntimeError(
                 f"cannot start {name}: {svc.url} is already in use by another process (not one started by "
                 f"`rlhf up` for {state}). Stop it, or choose another port with "
@@ -236,20 +207,20 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90) -> dict[str,
         # The two servers are independent: start both, then wait, so their start-up times overlap.
         for name in ("prefect", "mlflow"):
             if name not in running:
-                started[name] = _spawn(state, specs[name])
+                started[name] = spawn(state, specs[name])
         for name in ("prefect", "mlflow"):
-            _wait_ready(state, specs[name], running.get(name) or started[name], timeout_s)
+            wait_ready(state, specs[name], running.get(name) or started[name], timeout_s)
         if with_serve:  # after the Prefect server: serve registers its deployments through its API
             if "serve" not in running:
-                started["serve"] = _spawn(state, specs["serve"])
-            _wait_ready(state, specs["serve"], running.get("serve") or started["serve"], timeout_s)
+                started["serve"] = spawn(state, specs["serve"])
+            wait_ready(state, specs["serve"], running.get("serve") or started["serve"], timeout_s)
     except BaseException:
         # All or nothing: what this call started goes again (serve first), so a failed `up` leaves no
         # half-started set behind; services that were already running are left as they were.
         for name in reversed(ORDER):
             if name in started:
-                _stop_pid(started[name], timeout_s=5.0)
-                _forget(state, name)
+                stop(started[name], timeout_s=5.0)
+                forget(state, name)
         raise
 
     return urls(state)
@@ -263,11 +234,11 @@ def down(state: Path, timeout_s: float = 20) -> list[str]:
     state = Path(state).resolve()
     stopped: list[str] = []
     for name in reversed(ORDER):
-        pid = _live_pid(state, name)
+        pid = live_pid(state, name)
         if pid is not None:
-            _stop_pid(pid, timeout_s)
+            stop(pid, timeout_s)
             stopped.append(name)
-        _forget(state, name)
+        forget(state, name)
     return stopped
 
 
@@ -278,11 +249,11 @@ def down(state: Path, timeout_s: float = 20) -> list[str]:
 def urls(state: Path) -> dict[str, str]:
     """{"prefect_ui", "prefect_api", "mlflow_ui"}: where the services run (as recorded by `up`, else per env)."""
     ep = _endpoints()
-    prefect_ui = _recorded_url(state, "prefect", ep.prefect_ui)
+    prefect_ui = recorded_url(state, "prefect", ep.prefect_ui)
     return {
         "prefect_ui": prefect_ui,
         "prefect_api": f"{prefect_ui}/api",
-        "mlflow_ui": _recorded_url(state, "mlflow", ep.mlflow_ui),
+        "mlflow_ui": recorded_url(state, "mlflow", ep.mlflow_ui),
     }
 
 
@@ -291,20 +262,20 @@ def status(state: Path) -> dict[str, dict]:
     state = Path(state).resolve()
     u = urls(state)
     checks: dict[str, tuple[str, Callable[[], bool]]] = {
-        "prefect": (u["prefect_ui"], lambda: _http_ok(f"{u['prefect_api']}/health")),
-        "mlflow": (u["mlflow_ui"], lambda: _http_ok(f"{u['mlflow_ui']}/health")),
-        "serve": (u["prefect_api"], lambda: _serve_ready(u["prefect_api"], _pid_started_at(state, "serve"))),
+        "prefect": (u["prefect_ui"], lambda: healthy(f"{u['prefect_api']}/health")),
+        "mlflow": (u["mlflow_ui"], lambda: healthy(f"{u['mlflow_ui']}/health")),
+        "serve": (u["prefect_api"], lambda: _serve_ready(u["prefect_api"], started_at(state, "serve"))),
     }
     out: dict[str, dict] = {}
     for name in ORDER:
-        url, healthy = checks[name]
-        pid = _read_pid(state, name)
-        alive = pid is not None and _pid_alive(pid) and _is_ours(pid, name)
+        url, answers = checks[name]
+        recorded = read_pid(state, name)
+        alive = live_pid(state, name) is not None
         out[name] = {
-            "pid": pid,
+            "pid": recorded[0] if recorded else None,
             "alive": alive,
             "url": url,
-            "healthy": alive and healthy(),  # a foreign server on the port is not our service being healthy
+            "healthy": alive and answers(),  # a foreign server on the port is not our service being healthy
             "log": str(log_file(state, name)),
         }
     return out
@@ -313,7 +284,7 @@ def status(state: Path) -> dict[str, dict]:
 def running_prefect_api(state: Path) -> str | None:
     """The API URL of the Prefect server `rlhf up` started, when it is alive and healthy; else None."""
     state = Path(state).resolve()
-    if _live_pid(state, "prefect") is None:
+    if live_pid(state, "prefect") is None:
         return None
     api = urls(state)["prefect_api"]
-    return api if _http_ok(f"{api}/health") else None
+    return api if healthy(f"{api}/health") else None

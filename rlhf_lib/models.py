@@ -45,6 +45,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     return fast
 
 
+def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
+    """Whether token ids mean the same to both: same vocabulary (added tokens included) and special ids."""
+    specials = ("eos_token_id", "pad_token_id", "bos_token_id")
+    return a.get_vocab() == b.get_vocab() and all(getattr(a, s) == getattr(b, s) for s in specials)
+
+
 def hub_kwargs(revision: str | None = None, trust_remote_code: bool = False) -> dict[str, object]:
     """Keyword arguments of `from_pretrained`: `trust_remote_code` only when asked for (it runs the checkpoint's own
     Python code), `revision` only when pinned."""
@@ -176,6 +182,11 @@ def build_reward_base(name_or_path: str, tokenizer: PreTrainedTokenizerBase, see
     if getattr(model.score, "bias", None) is not None:
         torch.nn.init.zeros_(model.score.bias)
     return model.eval()
+
+
+def fit_length(max_length: int, model: PreTrainedModel) -> int:
+    """A configured sequence length, capped at what the model's position embeddings cover."""
+    return min(max_length, getattr(model.config, "max_position_embeddings", None) or max_length)
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

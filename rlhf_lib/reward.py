@@ -5,6 +5,7 @@ overfitting of treating each pair as its own example)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,13 +14,19 @@ import torch.nn.functional as F
 from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.data.records import PairExample, RankedExample
-from rlhf_lib.distributed import Distributed
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.events import Sink
 from rlhf_lib.ppo.scoring import no_cache, sequence_scores
 from rlhf_lib.training import (
+    SupervisedRun,
     adamw_with_linear_schedule,
+    global_share,
     n_batches,
+    run_launched,
     seed_everything,
+    shard,
     shuffled_batches,
+    weighted_mean,
 )
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
@@ -89,35 +96,48 @@ def train_reward_model(
     examples: Sequence[RankedExample],
     cfg: RewardConfig,
     log: LogFn | None = None,
-    dist: Distributed | None = None,
-) -> dict[str, float]:
-    """Train `model` (a `*ForSequenceClassification` with one label) in place on ranked lists. Under
-    `accelerate launch` each process takes a slice of the lists of every global batch; the loss is still the
-    mean over the batch's lists, and accuracy and margin are pooled over all its pairs."""
+    group: ProcessGroup | None = None,
+    gradient_checkpointing: bool = False,
+) -> tuple[dict[str, float], torch.nn.Module]:
+    """Train `model` (a `*ForSequenceClassification` with one label) in place on ranked lists; returns the final
+    metrics and the model as prepared for the process group. Under `accelerate launch` each process takes a slice of
+    the lists of every global batch; the loss is still the mean over the batch's lists, and accuracy and margin are
+    pooled over all its pairs."""
     seed_everything(cfg.seed)
-    dist = dist or Distributed()
+    group = group or ProcessGroup()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
-    model, opt = dist.prepare(model, opt)
+    run = SupervisedRun(group, model, opt, gradient_checkpointing)
+    model = run.model
     model.train()
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
-        mb, real = dist.shard(batch)
+        mb, real = shard(batch, group.rank, group.world)
         ids, mask = _encode(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
-        scores = training_scores(model, ids.to(dist.device), mask.to(dist.device))
-        loss, stats = bradley_terry_loss(scores, *_pair_index(mb, dist.device))
-        loss, _ = dist.global_share(loss, float(len(mb)) if real else 0.0, scores)
-        loss_value, grad_norm = dist.step(loss, opt, sched, 1.0, "reward-model", step)
+        scores = training_scores(model, ids.to(group.device), mask.to(group.device))
+        loss, stats = bradley_terry_loss(scores, *_pair_index(mb, group.device))
+        loss, _ = global_share(group, loss, float(len(mb)) if real else 0.0, scores)
+        loss_value, grad_norm = run.step(loss, sched, 1.0, "reward-model", step)
         n_pairs = sum(len(e.responses) * (len(e.responses) - 1) // 2 for e in mb) if real else 0
-        stats = dist.pooled({"accuracy": stats["accuracy"], "margin": stats["margin"]}, n_pairs)
+        stats = weighted_mean(group, {"accuracy": stats["accuracy"], "margin": stats["margin"]}, n_pairs)
         acc_ema = stats["accuracy"] if acc_ema is None else 0.9 * acc_ema + 0.1 * stats["accuracy"]
-        if log and dist.is_main:
+        if log and group.is_main:
             log(step, {"reward/loss": loss_value, "reward/train_accuracy": stats["accuracy"],
                        "reward/train_accuracy_ema": acc_ema, "reward/margin": stats["margin"],
                        "reward/grad_norm": grad_norm, "reward/lr": sched.get_last_lr()[0],
                        "reward/epoch": float(epoch)})
-    dist.finish()
-    return {"reward/train_accuracy_ema": float(acc_ema or 0.0), "reward/steps": float(total)}
+    run.finish()
+    return {"reward/train_accuracy_ema": float(acc_ema or 0.0), "reward/steps": float(total)}, run.model
+
+
+def launched(job: dict, workdir: Path, sink: Sink) -> None:
+    """One process of reward-model training under `accelerate launch` (the launcher's entry point; see
+    `training.run_launched`)."""
+    from rlhf_lib.models import build_scalar_model
+
+    examples = [RankedExample(e["prompt"], tuple(e["responses"])) for e in job["examples"]]
+    job = {**job, "examples": examples, "config": RewardConfig(**job["config"])}
+    run_launched(train_reward_model, lambda path, tokenizer: build_scalar_model(path), job, workdir, sink)
 
 
 @torch.no_grad()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -11,12 +12,17 @@ import torch.nn.functional as F
 from rlhf_lib.config import SFTConfig
 from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.data.records import SFTExample
-from rlhf_lib.distributed import Distributed
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.events import Sink
 from rlhf_lib.ppo.scoring import no_cache
 from rlhf_lib.training import (
+    SupervisedRun,
     adamw_with_linear_schedule,
+    global_share,
     n_batches,
+    run_launched,
     seed_everything,
+    shard,
     shuffled_batches,
 )
 
@@ -43,31 +49,43 @@ def train_sft(
     examples: Sequence[SFTExample],
     cfg: SFTConfig,
     log: LogFn | None = None,
-    dist: Distributed | None = None,
-) -> dict[str, float]:
+    group: ProcessGroup | None = None,
+    gradient_checkpointing: bool = False,
+) -> tuple[dict[str, float], torch.nn.Module]:
     """Fine-tune `model` in place. Calls `log(step, metrics)` every step (on the main process); returns the final
-    metrics. Under `accelerate launch` each process trains on its slice of every global batch of
-    `cfg.batch_size` demonstrations, and the loss is the mean over all the batch's response tokens, as with one
-    process (see `rlhf_lib.distributed`)."""
+    metrics and the model as prepared for the process group (what gathering its weights from every process needs).
+    Under `accelerate launch` each process trains on its slice of every global batch of `cfg.batch_size`
+    demonstrations, and the loss is the mean over all the batch's response tokens, as with one process (see
+    `rlhf_lib.training`)."""
     seed_everything(cfg.seed)
-    dist = dist or Distributed()
+    group = group or ProcessGroup()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
-    model, opt = dist.prepare(model, opt)
+    run = SupervisedRun(group, model, opt, gradient_checkpointing)
+    model = run.model
     model.train()
     ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
-        mb, real = dist.shard(batch)
-        b = dist.to_device(sft_batch(tokenizer, [e.prompt for e in mb], [e.response for e in mb], cfg.max_length))
+        mb, real = shard(batch, group.rank, group.world)
+        b = sft_batch(tokenizer, [e.prompt for e in mb], [e.response for e in mb], cfg.max_length)
+        b = {k: v.to(group.device) for k, v in b.items()}
         ids, mask = b["input_ids"], b["attention_mask"]
         logits = model(input_ids=ids, attention_mask=mask, **no_cache(model)).logits  # (b, T, V)
         loss, stats = response_lm_loss(logits, b["labels"])
-        loss, _ = dist.global_share(loss, stats["tokens"] if real else 0.0, logits)
-        loss_value, grad_norm = dist.step(loss, opt, sched, 1.0, "SFT", step)
+        loss, _ = global_share(group, loss, stats["tokens"] if real else 0.0, logits)
+        loss_value, grad_norm = run.step(loss, sched, 1.0, "SFT", step)
         ema = loss_value if ema is None else 0.9 * ema + 0.1 * loss_value
         metrics = {"sft/loss": loss_value, "sft/loss_ema": ema, "sft/grad_norm": grad_norm,
                    "sft/lr": sched.get_last_lr()[0], "sft/epoch": float(epoch)}
-        if log and dist.is_main:
+        if log and group.is_main:
             log(step, metrics)
-    dist.finish()
-    return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}
+    run.finish()
+    return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}, run.model
+
+
+def launched(job: dict, workdir: Path, sink: Sink) -> None:
+    """One process of SFT under `accelerate launch` (the launcher's entry point; see `training.run_launched`)."""
+    from rlhf_lib.models import build_policy
+
+    job = {**job, "examples": [SFTExample(**e) for e in job["examples"]], "config": SFTConfig(**job["config"])}
+    run_launched(train_sft, lambda path, tokenizer: build_policy(tokenizer, str(path)), job, workdir, sink)

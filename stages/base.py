@@ -24,10 +24,38 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from pydantic import BaseModel
 
+from rlhf_lib.events import Event, Metrics, Notice, Table, Tags
+from stages import progress
 from stages.cache import StageResult, cache_key, lookup
-from stages.tracking import MODEL_NAMES, StageRun, download, file_lock, register, write_manifest
+from stages.home import file_lock
+from stages.manifest import write_manifest
+from stages.tracking import MODEL_NAMES, StageRun, download, register, store_call
 
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
+
+
+class RunSink:
+    """The sink of a stage's training loop (`rlhf_lib.events`): metrics, tables and tags to the stage's MLflow run,
+    notices to Prefect's log (the terminal and the UI), and with `total` steps the loop's progress
+    (`stages.progress`)."""
+
+    def __init__(self, run: StageRun, total: int | None = None):
+        self.run, self.total = run, total
+
+    def emit(self, event: Event) -> None:
+        match event:
+            case Metrics(values, step):
+                self.run.log_metrics(values, step=step)
+                if self.total:
+                    progress.report(self.run.stage, step + 1, self.total, values)
+            case Table(rows, path):
+                self.run.log_table(rows, path, wait=False)
+            case Tags(tags):
+                self.run.set_tags(tags, wait=False)
+            case Notice(message):
+                get_run_logger().warning(message)
+            case _:
+                raise TypeError(f"{type(self).__name__} cannot take a {type(event).__name__} event")
 
 
 class RunContext(BaseModel):
@@ -100,10 +128,9 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
                        artifact_uri=f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}", digest=digest, model_uri=model_uri)
 
 
-# I/O tasks: MLflow calls, retried with backoff (a transient store error must not cost a trained model). Training
-# itself is never retried. Both are idempotent: a look-up reads; a publish re-logs the same files, registers at
-# most one version per run (see `register`) and sets the same tags.
-_IO = dict(cache_policy=NO_CACHE, persist_result=False, retries=3, retry_delay_seconds=[1, 4, 10])
+# I/O tasks: MLflow calls, each retried by the one policy of `stages.retry` (a transient store error must not cost a
+# trained model); Prefect does not retry them again. Training itself is never retried.
+_IO = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="lookup-cache", **_IO)
@@ -113,11 +140,12 @@ def lookup_task(experiment_id: str, stage: str, key: str) -> tuple[StageResult, 
 
 @task(name="publish", **_IO)
 def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
-    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit."""
+    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit. Idempotent
+    under retries: the same files, at most one version per run (see `register`), the same tags."""
     run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
     model_uri = None
     if run.stage in MODEL_NAMES:
-        model_uri = register(run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
+        model_uri = store_call("register", register, run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
     run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
                   "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
     run.finish("FINISHED")

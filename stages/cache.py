@@ -1,7 +1,8 @@
 """Stage cache keys and lookups.
 
 A stage's key covers (DESIGN section 1): its own config section, the identities of its upstream artifacts
-(content digests), the fingerprint of its input data, and a hash of the source of the code it runs. A hit needs a
+(content digests), the fingerprint of its input data, and a hash of the source of the code it runs: every project
+module its stage module imports, directly or not (`stages.code_deps`). A hit needs a
 FINISHED MLflow run carrying that key whose artifacts are still there and intact: a deleted or corrupted
 artifact is a miss, never a stale hit.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 from functools import cache
 from pathlib import Path
@@ -19,21 +19,10 @@ from typing import Any, Literal
 import mlflow
 from pydantic import BaseModel
 
-from stages.tracking import dir_digest, download, manifest_digest, verify_manifest
+from stages.code_deps import ROOT, source_files
+from stages.manifest import dir_digest, manifest_digest, read_manifest, verify_manifest
+from stages.tracking import ArtifactNotFound, download, model_version, store_call
 
-# The modules whose source each stage's output depends on (a package means all its modules). Over-listing only
-# costs a rerun; under-listing would reuse a stale artifact, so when in doubt a module is listed.
-_TRAIN = ["rlhf_lib.models", "rlhf_lib.data", "rlhf_lib.training", "rlhf_lib.distributed", "stages.models_io",
-          "stages.launch"]
-STAGE_CODE: dict[str, list[str]] = {
-    "data": ["rlhf_lib.demo_task", "rlhf_lib.data", "rlhf_lib.models", "stages.data", "stages.models_io"],
-    "sft": ["rlhf_lib.sft", *_TRAIN, "stages.sft"],
-    "reward": ["rlhf_lib.reward", *_TRAIN, "rlhf_lib.ppo.scoring", "rlhf_lib.ppo.losses", "rlhf_lib.ppo.masked",
-               "stages.reward"],
-    "ppo": ["rlhf_lib.ppo", *_TRAIN, "stages.ppo", "stages.ppo_loop", "stages.resume"],
-    "eval": ["rlhf_lib.eval", "rlhf_lib.ppo", "rlhf_lib.reward", "rlhf_lib.demo_task", *_TRAIN, "stages.eval",
-             "stages.report"],
-}
 # Numerics also depend on these libraries' versions (datasets parses the user's CSV, JSON and Parquet files).
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets")
 
@@ -61,27 +50,21 @@ class StageResult(BaseModel):
         return out
 
 
-def _module_files(module: str) -> list[Path]:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ImportError(f"cannot locate module {module} to hash its code")
-    origin = Path(spec.origin)
-    if spec.submodule_search_locations:  # a package: every .py under it
-        return sorted(origin.parent.rglob("*.py"))
-    return [origin]
-
-
 @cache
 def code_version(stage: str) -> str:
-    """sha256 of the source files the stage runs (paths relative to the project) and of the library versions."""
+    """sha256 of the source of every project module the stage's module imports, directly or not (paths relative to
+    the project, then bytes; `stages.code_deps`), and of the library versions."""
     h = hashlib.sha256()
-    root = Path(__file__).resolve().parent.parent
-    files = sorted({f.resolve() for m in STAGE_CODE[stage] for f in _module_files(m)})
-    for f in files:
-        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
+    for f in source_files(stage_module(stage)):
+        h.update(str(f.relative_to(ROOT)).encode())
         h.update(f.read_bytes())
     h.update(_library_versions().encode())
     return h.hexdigest()[:16]
+
+
+def stage_module(stage: str) -> str:
+    """The module that defines a stage: `stages.<stage>`."""
+    return f"stages.{stage}"
 
 
 @cache
@@ -98,8 +81,8 @@ def cache_key(stage: str, section: dict[str, Any], upstream: dict[str, str], dat
 
 def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
     """The newest intact finished run of `stage` with `key`, and the local path of its artifacts."""
-    runs = mlflow.search_runs(
-        [experiment_id],
+    runs = store_call(
+        "look up the cache", mlflow.search_runs, [experiment_id],
         filter_string=f"tags.`rlhf.stage` = '{stage}' and tags.`rlhf.cache_key` = '{key}' "
         "and attributes.status = 'FINISHED'",
         order_by=["attributes.start_time DESC"],
@@ -113,7 +96,7 @@ def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path]
             continue
         try:
             local = download(uri)
-        except FileNotFoundError:
+        except ArtifactNotFound:
             continue
         if not verify_manifest(local, digest):
             continue
@@ -129,22 +112,19 @@ def given_model(stage: str, uri: str) -> StageResult:
     """A stage result for a model the user named instead of the cached stage (`models:/rlhf-reward/3`,
     `models:/rlhf-reward@champion`, `runs:/<id>/model`, or any artifact URI). Its identity is the digest of its
     files, so downstream cache keys follow the model, not the name. It counts as `cached`: nothing was trained."""
-    local = download(uri)
-    manifest = local / "manifest.json"
-    if manifest.is_file():
-        files = json.loads(manifest.read_text())
-        digest = manifest_digest(files)
-        if not verify_manifest(local, digest):
-            raise ValueError(f"{uri}: files do not match its manifest.json (corrupted or partly deleted)")
-    else:
-        digest = dir_digest(local)
-    run_id = ""
+    run_id, source = "", uri
     if uri.startswith("models:/"):
-        from stages.tracking import model_version
-
-        mv = model_version(uri)
+        mv = model_version(uri)  # a missing version or alias is named here, before anything is downloaded
         uri, run_id = f"models:/{mv.name}/{mv.version}", mv.run_id or ""
     elif uri.startswith("runs:/"):
         run_id = uri.removeprefix("runs:/").split("/")[0]
+    local = download(uri)
+    files = read_manifest(local)
+    if files is not None:
+        digest = manifest_digest(files)
+        if not verify_manifest(local, digest):
+            raise ArtifactNotFound(f"{source}: files do not match its manifest.json (corrupted or partly deleted)")
+    else:
+        digest = dir_digest(local)
     return StageResult(stage=stage, status="cached", cache_key="", mlflow_run_id=run_id, artifact_uri=str(local),
-                       digest=digest, model_uri=uri if uri.startswith("models:/") else None, source=uri)
+                       digest=digest, model_uri=uri if uri.startswith("models:/") else None, source=source)

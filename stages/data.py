@@ -24,8 +24,9 @@ from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
 from rlhf_lib.models import load_tokenizer
 from stages.base import RunContext, as_state, log_dataset, run_cached
 from stages.cache import StageResult
+from stages.manifest import dir_digest
 from stages.models_io import model_source_digest
-from stages.tracking import StageRun, dir_digest
+from stages.tracking import StageRun
 
 READERS = {"sft": read_sft, "preferences": read_ranked, "prompts_train": read_prompts,
            "prompts_eval": read_prompts, "eval_pairs": read_pairs}

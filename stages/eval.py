@@ -14,13 +14,12 @@ from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
 from rlhf_lib.eval import evaluate
-from rlhf_lib.models import load_tokenizer
-from rlhf_lib.ppo.retokenize import same_tokenizer
+from rlhf_lib.model_dirs import load_causal_lm, load_scalar
+from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
 from rlhf_lib.reward import pairwise_accuracy
 from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge, source_info
-from stages.models_io import fit_length, load_causal_lm, load_scalar
 from stages.report import CURVES, render_html
 from stages.tracking import StageRun, download, model_version
 
@@ -48,7 +47,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
         reward_tokenizer = load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
-                    dataset_name(data_dir, "prompts-eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
+                    dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge = gold_score if has_judge(data_dir) else None
         max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
         own = None if same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer

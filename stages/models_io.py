@@ -1,55 +1,21 @@
-"""Saving and loading the stages' models as plain Hugging Face directories (safetensors + tokenizer)."""
+"""Loading a registered model back, and the identity of a configured pretrained model for cache keys."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlhf_lib.models import build_policy, build_scalar_model, load_tokenizer
+from stages.manifest import dir_digest
+from stages.tracking import download
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path) -> None:
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-
-
-def fit_length(max_length: int, model: PreTrainedModel) -> int:
-    """A configured sequence length, capped at what the model's position embeddings cover."""
-    return min(max_length, getattr(model.config, "max_position_embeddings", None) or max_length)
-
-
-def load_causal_lm(path: Path, trust_remote_code: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-    return build_policy(tokenizer, str(path), trust_remote_code=trust_remote_code), tokenizer
-
-
-def load_scalar(path: Path, trust_remote_code: bool = False) -> PreTrainedModel:
-    return build_scalar_model(path, trust_remote_code=trust_remote_code)
-
-
-def load_reward_side(reward_dir: Path, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                     trust_remote_code: bool = False):
-    """The frozen RM, PPO's value model and the RM's tokenizer (None when it is the policy's).
-
-    The value model reads the policy's token ids: it starts from the RM when both share a tokenizer (InstructGPT),
-    else from a copy of the policy with a fresh scalar head.
-    """
-    from rlhf_lib.ppo.retokenize import same_tokenizer
-
-    reward = load_scalar(reward_dir, trust_remote_code)
-    reward_tokenizer = load_tokenizer(reward_dir, trust_remote_code=trust_remote_code)
-    if same_tokenizer(tokenizer, reward_tokenizer):
-        return reward, load_scalar(reward_dir, trust_remote_code), None
-    return reward, build_scalar_model(policy), reward_tokenizer
-
-
 def load_policy(uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A registered policy (or SFT model) and its tokenizer from `models:/rlhf-policy/3`,
     `models:/rlhf-policy@champion` or any MLflow artifact URI, in one call."""
-    from stages.tracking import download
+    from rlhf_lib.model_dirs import load_causal_lm
 
     return load_causal_lm(download(uri))
 
@@ -60,7 +26,5 @@ def model_source_digest(name_or_path: str | None, revision: str | None = None) -
     if not name_or_path:
         return ""
     if Path(name_or_path).expanduser().is_dir():
-        from stages.tracking import dir_digest
-
         return "dir:" + dir_digest(Path(name_or_path).expanduser())
     return f"hub:{name_or_path}@{revision or 'default'}"

@@ -1,9 +1,11 @@
-"""PPO stage: a Prefect sub-flow that loops the tasks rollout -> score -> gae -> update once per iteration.
+"""PPO stage: a Prefect sub-flow whose iterations run as the tasks rollout -> score -> gae -> update.
 
-The tasks share one in-memory `PPOTrainer` (models, optimizer, KL controller) and hand the `Rollout` tensors to
-each other directly: caching is off and nothing is persisted, so a task call costs milliseconds, and no model or
-tensor is ever JSON-encoded as a flow parameter. With `resources.num_processes > 1` the loop runs instead under
-`accelerate launch` as one task, `ppo-launch` (stages.ppo_loop.worker), whose reports this process logs to MLflow.
+The loop itself is `rlhf_lib.ppo.loop`; this module adds what talks to Prefect and MLflow: each phase as a task, the
+sink that logs the loop's events to the stage's MLflow run, and resuming an interrupted run (`stages.resume`). The
+tasks share one in-memory trainer and hand the rollout's tensors to each other directly: caching is off and nothing
+is persisted, so a task call costs milliseconds, and no model or tensor is ever JSON-encoded as a flow parameter.
+With `resources.num_processes > 1` the whole loop runs instead under `accelerate launch` as one task, `ppo-launch`,
+whose events this process logs as they come.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,57 +23,39 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
-from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.events import Checkpoint, Event, Resumed
 from rlhf_lib.models import load_tokenizer
-from rlhf_lib.ppo.checkpoint import checkpoint_dir, save_checkpoint
-from rlhf_lib.ppo.distributed import check_sizes
-from rlhf_lib.ppo.trainer import PPOTrainer
-from rlhf_lib.ppo.types import Rollout
-from stages.base import RunContext, as_state, log_dataset, run_cached
+from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
+from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
+from rlhf_lib.ppo.sharding import check_sizes
+from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.data import file_digest, has_judge
+from stages.data import dataset_name, file_digest, has_judge
 from stages.launch import run_job
-from stages.models_io import save_model
-from stages.ppo_loop import build_trainer, ppo_job, ppo_loop
-from stages.resume import COMPLETE_MARKER, resumable, resume, resumed
+from stages.resume import resumable, resumed
+from stages.retry import transient
 from stages.tracking import StageRun, download
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 
 
-@task(name="rollout", **_IN_MEMORY)
-def rollout_task(trainer: PPOTrainer) -> Rollout:
-    """1. generate: sample responses to a batch of prompts, with their log-probs."""
-    return trainer.rollout()
+def _phase_task(phase: str):
+    @task(name=phase, **_IN_MEMORY)
+    def run_phase(fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+    return run_phase
 
 
-@task(name="score", **_IN_MEMORY)
-def score_task(trainer: PPOTrainer, ro: Rollout) -> Rollout:
-    """2. score: reference log-probs, values and reward-model scores."""
-    trainer.score(ro)
-    return ro
-
-
-@task(name="gae", **_IN_MEMORY)
-def gae_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
-    """3. rewards (KL-shaped) and 4. GAE advantages; updates the KL controller."""
-    return trainer.advantages(ro)
-
-
-@task(name="update", **_IN_MEMORY)
-def update_task(trainer: PPOTrainer, ro: Rollout) -> dict[str, float]:
-    """5. update: epochs x minibatches of clipped PPO steps."""
-    return trainer.update(ro)
-
-
-LOOP_TASKS = frozenset(t.name for t in (rollout_task, score_task, gae_task, update_task))
+PHASE_TASKS = {phase: _phase_task(phase) for phase in PHASES}
+LOOP_TASKS = frozenset(PHASE_TASKS)
 
 
 class QuietLoopTasks(logging.Filter):
     """Drops the records below WARNING that Prefect's task engine logs for the loop's four tasks: its "Finished in
     state Completed()" line, four per PPO iteration. The task runs and their states still reach the server (the UI
-    shows every one); a failed task still logs its error. Without them a 1 s iteration spends ~7 ms less on console
-    and API logging here, and the server stores four log rows less."""
+    shows every one); a failed task still logs its error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING or getattr(record, "task_name", None) not in LOOP_TASKS
@@ -86,42 +71,58 @@ def quiet_loop_task_logs() -> None:
         logger.addFilter(_QUIET)
 
 
-def iteration_tasks(trainer: PPOTrainer) -> tuple[Rollout, dict[str, float]]:
-    """One PPO iteration as the sub-flow's four tasks: rollout -> score -> gae -> update."""
+def as_task(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """The loop's `call`: run a phase as its Prefect task."""
     quiet_loop_task_logs()
-    ro = score_task(trainer, rollout_task(trainer))
-    stats = gae_task(trainer, ro)
-    stats.update(update_task(trainer, ro))
-    return ro, stats
+    return PHASE_TASKS[phase](fn, *args)
 
 
-class RunSink:
-    """The loop's sink in the stage's process: the MLflow run and Prefect's log (see stages.ppo_loop.Sink)."""
+class PPORunSink(RunSink):
+    """The PPO loop's sink: the stage run's sink, plus checkpoints (logged under `checkpoints/iter_NNNNNN/`, then
+    deleted locally) and a resume (the interrupted run `resumed_from` retired, its metric history copied).
 
-    def __init__(self, run: StageRun):
-        self.run = run
+    A checkpoint upload is tried once, so the loop never waits for a store that is down: one that fails stays on
+    local disk until the next checkpoint replaces it, or until `close` uploads it by the retry policy."""
 
-    def metrics(self, stats: dict[str, float], step: int) -> None:
-        self.run.log_metrics(stats, step=step)
+    def __init__(self, run: StageRun, total: int, resumed_from: str | None = None):
+        super().__init__(run, total)
+        self.resumed_from = resumed_from
+        self.pending: Path | None = None
 
-    def table(self, rows: list[dict], path: str) -> None:
-        self.run.log_table(rows, path)
+    def emit(self, event: Event) -> None:
+        match event:
+            case Checkpoint(path, _):
+                if self.pending is not None:  # superseded before the store came back
+                    shutil.rmtree(self.pending, ignore_errors=True)
+                self.pending = Path(path)
+                try:
+                    self._log_checkpoint(wait=False)
+                except Exception as e:
+                    if not transient(e):
+                        raise
+                    get_run_logger().warning("MLflow unreachable: checkpoint %s kept on local disk, to be logged "
+                                             "later (%s)", self.pending.name, e)
+            case Resumed(checkpoint, iteration):
+                resumed(self.run, self.resumed_from, checkpoint, iteration)
+                if checkpoint is not None:
+                    get_run_logger().info("ppo: resumed an interrupted run at iteration %d", iteration)
+            case _:
+                super().emit(event)
 
-    def tags(self, tags: dict[str, str]) -> None:
-        self.run.set_tags(tags)
+    def _log_checkpoint(self, wait: bool) -> None:
+        name = self.pending.name
+        # The marker goes last: a process killed while the files were being copied leaves none, and resume skips
+        # that checkpoint.
+        (self.pending / COMPLETE_MARKER).unlink(missing_ok=True)
+        self.run.log_dir(self.pending, f"checkpoints/{name}", wait=wait)
+        self.run.log_text(name, f"checkpoints/{name}/{COMPLETE_MARKER}", wait=wait)
+        shutil.rmtree(self.pending, ignore_errors=True)
+        self.pending = None
 
-    def warn(self, message: str) -> None:
-        get_run_logger().warning(message)
-
-    def checkpoint(self, trainer: PPOTrainer) -> None:
-        """Save the trainer's whole state (no pickle) and log it to the PPO run as `checkpoints/iter_NNNNNN/`."""
-        with tempfile.TemporaryDirectory(prefix="rlhf-ckpt-") as tmp:
-            self.checkpoint_dir(save_checkpoint(trainer, checkpoint_dir(Path(tmp), trainer.iteration)))
-
-    def checkpoint_dir(self, path: Path) -> None:
-        self.run.log_dir(path, f"checkpoints/{path.name}")
-        # Logged last: a process killed while the files were being copied leaves no marker, and resume skips it.
-        self.run.log_text(path.name, f"checkpoints/{path.name}/{COMPLETE_MARKER}")
+    def close(self) -> None:
+        """After the loop: a checkpoint the store missed is logged now, waiting for the store by the retry policy."""
+        if self.pending is not None:
+            self._log_checkpoint(wait=True)
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
@@ -131,58 +132,32 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
                if cfg.ppo.ptx_coef > 0 else [])
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
-                    "demo-prompts-train", "training", file_digest(data_dir, "prompts_train"))
-        key = run.run.data.tags["rlhf.cache_key_pending"]
-        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+                    dataset_name(data_dir, "prompts_train"), "training", file_digest(data_dir, "prompts_train"))
         tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
+        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
-        if cfg.resources.num_processes > 1:
-            launch_task(cfg, run, key, sft_dir, reward_dir, prompts, ptx, has_judge(data_dir), out_dir)
-            return
-        trainer = build_trainer(cfg, sft_dir, reward_dir, prompts, ptx)
-        start = resume(trainer, run, run.run.info.experiment_id, key)
-        if start:
-            get_run_logger().info("ppo: resumed an interrupted run at iteration %d", start)
-            trainer.sync_engine()
-        judge = gold_score if has_judge(data_dir) else None
-        try:
-            ppo_loop(trainer, RunSink(run), cfg.ppo.iterations, judge, iterate=iteration_tasks)
-        finally:
-            if trainer.engine is not None:
-                trainer.engine.close()
-        save_model(trainer.export_policy(), trainer.m.tokenizer, out_dir)
+        found = resumable(run, run.run.data.tags["rlhf.cache_key_pending"])
+        job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir), reward_dir=str(reward_dir),
+                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir),
+                     resume=[str(p) for p in found[1]] if found else [])
+        sink = PPORunSink(run, cfg.ppo.iterations, found[0] if found else None)
+        with tempfile.TemporaryDirectory(prefix="rlhf-ppo-") as tmp:
+            if cfg.resources.num_processes > 1:
+                launch_task(job, cfg, sink, Path(tmp))
+            else:
+                train_ppo(job, sink, Path(tmp), call=as_task)
+            sink.close()
     return build
 
 
 @task(name="ppo-launch", **_IN_MEMORY)
-def launch_task(cfg: PipelineConfig, run: StageRun, key: str, sft_dir: Path, reward_dir: Path, prompts: list[str],
-                ptx: list[tuple[str, str]], judge: bool, out_dir: Path) -> None:
-    """The whole PPO loop in `resources.num_processes` processes under `accelerate launch` (stages.ppo_loop.worker):
-    one task, since the per-phase tasks cannot span processes. Resumes an interrupted run as in one process: this
-    process finds and downloads the checkpoints, the launched ones load them. The events the main launched process
-    writes are replayed onto the run as they come; the final policy lands in `out_dir`."""
-    found = resumable(run, run.run.info.experiment_id, key)
-    job = ppo_job(cfg, sft_dir, reward_dir, prompts, ptx, judge, out_dir, found[1] if found else ())
-    sink, logger = RunSink(run), get_run_logger()
-
-    def handle(row: dict[str, Any]) -> None:
-        event, args = row["event"], row["args"]
-        if event == "resumed":
-            resumed(run, found[0], *args)
-            if args[0] is not None:
-                logger.info("ppo: resumed an interrupted run at iteration %d", args[1])
-        elif event == "checkpoint_dir":
-            sink.checkpoint_dir(Path(args[0]))
-            shutil.rmtree(args[0], ignore_errors=True)
-        else:
-            getattr(sink, event)(*args)
-
-    # PPO's processes are CPU processes joined by gloo, whatever resources.accelerate_config says for SFT and RM
-    # (the trainer runs on the CPU, in one process too), in float32: its rollout log-probs and update must use the
-    # same numerics, so resources.mixed_precision does not apply either.
+def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Path) -> None:
+    """The whole PPO loop in `resources.num_processes` processes under `accelerate launch`: one task, since the
+    per-phase tasks cannot span processes. PPO's processes are CPU processes joined by gloo, whatever
+    `resources.accelerate_config` says for SFT and RM, in float32: the rollout's log-probs and the update must use
+    the same numerics, so `resources.mixed_precision` does not apply either."""
     resources = cfg.resources.model_copy(update={"accelerate_config": "cpu_gloo.yaml"})
-    with tempfile.TemporaryDirectory(prefix="rlhf-ppo-launch-") as tmp:
-        run_job(job, resources, Path(tmp), handle, cfg.torch_threads, mixed_precision="no")
+    run_job(launched, job.to_dict(), resources, workdir, sink, cfg.torch_threads, mixed_precision="no")
 
 
 @flow(name="ppo", flow_run_name="ppo-{config.name}")

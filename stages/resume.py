@@ -6,10 +6,10 @@ next PPO stage with the same cache key finds it, loads its newest checkpoint int
 iteration into the new run, and marks the old run FAILED with a pointer to its successor. Continuing from there
 gives, on CPU with the same seed, exactly the metrics of an uninterrupted run.
 
-The per-key lock of `run_cached` guarantees no live process is still working on a run found here. Under
-`accelerate launch` (resources.num_processes > 1) the stage calls `resumable` and `resumed` itself and the launched
-processes load the checkpoints in between (stages.ppo_loop.load_first); a checkpoint does not record how many
-processes wrote it.
+The per-key lock of `run_cached` guarantees no live process is still working on a run found here. The stage finds
+and downloads the checkpoints (`resumable`); the loop loads the newest that loads cleanly, in this process or in every
+launched one (`rlhf_lib.ppo.loop.train_ppo`), and reports it with a `Resumed` event, on which the stage's sink calls
+`resumed`. A checkpoint does not record how many processes wrote it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from rlhf_lib.ppo.checkpoint import is_complete
-from rlhf_lib.ppo.trainer import PPOTrainer
-from stages.ppo_loop import load_first
 from stages.tracking import StageRun, download
-
-COMPLETE_MARKER = "COMPLETE"
 
 
 def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
@@ -44,22 +40,10 @@ def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
     return next((r.info.run_id for r in interrupted if r.info.run_id != exclude), None)
 
 
-def resume(trainer: PPOTrainer, run: StageRun, experiment_id: str, key: str) -> int:
-    """Load the newest checkpoint of an interrupted run with `key` into `trainer`; returns the iteration to start
-    from (0 when there is nothing to resume)."""
-    found = resumable(run, experiment_id, key)
-    if found is None:
-        return 0
-    old, candidates = found
-    ckpt = load_first(trainer, candidates)
-    resumed(run, old, ckpt.name if ckpt else None, trainer.iteration)
-    return trainer.iteration if ckpt else 0
-
-
-def resumable(run: StageRun, experiment_id: str, key: str) -> tuple[str, list[Path]] | None:
+def resumable(run: StageRun, key: str) -> tuple[str, list[Path]] | None:
     """The interrupted run with `key` and its fully logged checkpoints (they have the marker), newest first,
     downloaded; None when there is none. A run without such a checkpoint is retired here."""
-    old = unfinished_run(experiment_id, key, exclude=run.run_id)
+    old = unfinished_run(run.run.info.experiment_id, key, exclude=run.run_id)
     if old is None:
         return None
     client = MlflowClient()
@@ -67,16 +51,18 @@ def resumable(run: StageRun, experiment_id: str, key: str) -> tuple[str, list[Pa
         _retire(client, old, run.run_id, "no checkpoint to resume from")
         return None
     root = download(f"runs:/{old}/checkpoints")
-    found = [c for c in sorted(root.glob("iter_*"), reverse=True) if (c / COMPLETE_MARKER).is_file() and is_complete(c)]
+    found = [c for c in sorted(root.glob("iter_*"), reverse=True) if is_complete(c)]
     if not found:
         _retire(client, old, run.run_id, "no complete checkpoint to resume from")
         return None
     return old, found
 
 
-def resumed(run: StageRun, old: str, checkpoint: str | None, iteration: int) -> None:
+def resumed(run: StageRun, old: str | None, checkpoint: str | None, iteration: int) -> None:
     """After loading checkpoint `checkpoint` of run `old` (None: none of them loaded): copy the metric history up
     to `iteration` into `run`, tag it, and retire `old`."""
+    if old is None:
+        return
     client = MlflowClient()
     if checkpoint is None:
         _retire(client, old, run.run_id, "no complete checkpoint to resume from")

@@ -11,13 +11,15 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
-from rlhf_lib.models import build_policy, build_reward_base, build_scalar_model, load_tokenizer
+from rlhf_lib.model_dirs import load_causal_lm, save_model
+from rlhf_lib.models import build_policy, build_reward_base, build_scalar_model, fit_length, load_tokenizer
 from rlhf_lib.reward import pairwise_accuracy
-from stages.base import RunContext, as_state, log_dataset, run_cached
+from rlhf_lib.training import n_batches
+from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
-from stages.launch import numerics_section, train_supervised
-from stages.models_io import fit_length, load_causal_lm, model_source_digest, save_model
+from stages.models_io import model_source_digest
+from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun, download
 
 
@@ -49,7 +51,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
                         step=0)
         model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
-                                        lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
+                                        RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs)),
+                                        cfg.torch_threads)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         final["reward/heldout_accuracy"] = pairwise_accuracy(model, tokenizer, pairs, rcfg.max_length)
         run.log_metrics(final, step=0)

@@ -11,12 +11,14 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_ranked, read_sft
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
-from rlhf_lib.models import build_policy, count_parameters, load_tokenizer, train_tokenizer
-from stages.base import RunContext, as_state, log_dataset, run_cached
+from rlhf_lib.model_dirs import save_model
+from rlhf_lib.models import build_policy, count_parameters, fit_length, load_tokenizer, train_tokenizer
+from rlhf_lib.training import n_batches
+from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
-from stages.launch import numerics_section, train_supervised
-from stages.models_io import fit_length, model_source_digest, save_model
+from stages.models_io import model_source_digest
+from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun, download
 
 
@@ -50,7 +52,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
         model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
-                                        lambda step, mets: run.log_metrics(mets, step), cfg.torch_threads)
+                                        RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs)),
+                                        cfg.torch_threads)
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)
     return build

@@ -7,6 +7,7 @@ number of pairs per ranked list, ...) are computed where they are used, never se
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -74,16 +75,22 @@ class ConfigError(ValueError):
 def _format_errors(err: Any, origin: str) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(root)"
+        key = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(f"{origin}: unknown config key '{key}'")
+        elif not key or isinstance(e.get("input"), dict):  # a check across keys: its message names them
+            lines.append(f"{origin}: {msg}" if not key else f"{origin}: config section '{key}': {msg}")
         else:
-            lines.append(f"{origin}: config key '{key}': {e['msg']} (got {e.get('input')!r})")
+            got = repr(e.get("input"))
+            lines.append(f"{origin}: config key '{key}': {msg} (got {got if len(got) <= 80 else got[:77] + '...'})")
     return "\n".join(lines)
 
 
-def build_config(layers: list[tuple[str, dict[str, Any]]], sets: list[str] = ()) -> PipelineConfig:
-    """Merge config layers (e.g. preset, then file) and `key=value` overrides, then validate.
+def build_config(layers: list[tuple[str, dict[str, Any]]], sets: Sequence[str] = (),
+                 schema: type[PipelineConfig] = PipelineConfig) -> PipelineConfig:
+    """Merge config layers (e.g. preset, then file) and `key=value` overrides, then validate against `schema`
+    (`PipelineConfig`, or a subclass with more sections).
 
     Each layer is (origin, dict); the origin names the file in errors. Values of `--set` are parsed as YAML
     scalars, so `ppo.kl_coef=0.1` is a float and `ppo.adaptive_kl=false` a bool.
@@ -97,7 +104,7 @@ def build_config(layers: list[tuple[str, dict[str, Any]]], sets: list[str] = ())
             raise ConfigError(f"{origin}: expected a mapping of config keys, got {type(layer).__name__}")
         merged = deep_merge(merged, layer)
         try:
-            PipelineConfig.model_validate(merged)
+            schema.model_validate(merged)
         except ValidationError as e:
             raise ConfigError(_format_errors(e, origin)) from None
     for item in sets:
@@ -109,6 +116,6 @@ def build_config(layers: list[tuple[str, dict[str, Any]]], sets: list[str] = ())
         except ValueError as e:
             raise ConfigError(f"--set {item!r}: {e}") from None
     try:
-        return PipelineConfig.model_validate(merged)
+        return schema.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, "--set" if sets else "config")) from None

@@ -9,7 +9,8 @@ from typing import Any
 
 
 class DataError(ValueError):
-    """A bad data file or row. `kind` is the short reason (the skip-count key), `field` the field involved.
+    """A bad data file or row. `kind` is the short reason (the skip-count key), `field` the field involved; a bad
+    row of a whole source also says how many of its `rows` are bad (`bad_rows`: what `on_bad_row=skip` would drop).
 
     The attributes are keyword-only, so the exception pickles (`cls(message)` plus its `__dict__`).
     """
@@ -18,6 +19,8 @@ class DataError(ValueError):
                  field: str | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.path, self.line, self.field, self.kind = path, line, field, kind
+        self.bad_rows: int | None = None
+        self.rows: int | None = None
 
 
 def bad(kind: str, detail: str, field: str | None = None) -> DataError:

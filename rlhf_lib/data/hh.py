@@ -23,10 +23,18 @@ def prompt_end(text: str, col: str) -> int:
     return i + len(ASSISTANT_TURN)
 
 
+def reply(text: str, col: str) -> str:
+    """The last assistant turn of a transcript, or a bad row: some HH rows end with "Assistant:" and no reply."""
+    if not text.strip():
+        raise bad("empty reply", f"field {col!r}: the conversation ends with an empty assistant reply "
+                  "('\\n\\nAssistant:' with nothing after it)", col)
+    return check_text(text, col, f"field {col!r}: the last assistant turn")
+
+
 def split_transcript(text: str, col: str = "text") -> tuple[str, str]:
     """(prompt, response) of one transcript: the response is the last assistant turn (leading space kept)."""
     end = prompt_end(text, col)
-    return text[:end], check_text(text[end:], col, f"field {col!r}: the last assistant turn")
+    return text[:end], reply(text[end:], col)
 
 
 def split_pair(chosen: str, rejected: str, cols: tuple[str, str] = ("chosen", "rejected")) -> tuple[str, str, str]:
@@ -42,7 +50,6 @@ def split_pair(chosen: str, rejected: str, cols: tuple[str, str] = ("chosen", "r
         raise bad("no shared prompt", f"fields {cols[0]!r} and {cols[1]!r}: no shared conversation up to an "
                   "'\\n\\nAssistant:' turn", cols[1])
     end = prompt_end(common, cols[0])
-    a = check_text(chosen[end:], cols[0], f"field {cols[0]!r}: the last assistant turn")
-    b = check_text(rejected[end:], cols[1], f"field {cols[1]!r}: the last assistant turn")
+    a, b = reply(chosen[end:], cols[0]), reply(rejected[end:], cols[1])
     check_pair(a, b, cols)
     return chosen[:end], a, b

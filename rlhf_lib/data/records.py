@@ -131,6 +131,7 @@ def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Calla
     out: list[T] = []
     skipped: dict[str, int] = {}
     examples: dict[str, list[str]] = {}
+    first: DataError | None = None
     for n, obj in rows:
         try:
             if isinstance(obj, DataError):
@@ -141,12 +142,16 @@ def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Calla
             out.append(row)
         except DataError as e:
             message = f"{place(n)}: {e}"
-            if on_bad_row == "error":
-                raise DataError(message, path=where, line=n, field=e.field, kind=e.kind) from None
+            # With on_bad_row="error" the first bad row fails the read, once every row is checked: the error says
+            # how many rows skipping would drop.
+            first = first or DataError(message, path=where, line=n, field=e.field, kind=e.kind)
             kind = e.kind or "bad row"
             skipped[kind] = skipped.get(kind, 0) + 1
             if len(examples.setdefault(kind, [])) < MAX_EXAMPLES:
                 examples[kind].append(message)
+    if first is not None and on_bad_row == "error":
+        first.bad_rows, first.rows = sum(skipped.values()), sum(skipped.values()) + len(out)
+        raise first
     if not out:
         why = ", ".join(f"{k}: {v}" for k, v in sorted(skipped.items())) or "the file is empty"
         raise DataError(f"{where}: no valid rows ({why})", path=where, kind="no rows")

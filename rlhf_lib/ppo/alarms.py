@@ -25,6 +25,20 @@ from dataclasses import dataclass
 
 from rlhf_lib.config import PPOConfig
 
+# What fires each alarm, for the reference (docs/reference.md).
+RULES = {
+    "nan": "any metric of the iteration is NaN or infinite; the update steps with a non-finite loss or gradient were "
+           "refused, and no checkpoint is written for the iteration",
+    "kl_blowup": "`objective/kl` > `ppo.alarm_kl_factor` × `ppo.target_kl`",
+    "length_explosion": "`response/length_mean` > `ppo.alarm_length_frac` × `ppo.max_new_tokens`, or "
+                        "`response/no_eos_frac` > 0.5",
+    "entropy_collapse": "after `ppo.alarm_after` iterations, `policy/entropy` < `ppo.alarm_entropy_min`",
+    "critic_lag": "after `ppo.alarm_after` iterations, `value/explained_variance` < `ppo.alarm_explained_variance_min`",
+    "reward_hacking": "over the last `ppo.alarm_window` iterations `objective/score_raw` rises while `objective/gold` "
+                      "falls (each a least-squares trend of at least `ppo.alarm_min_change`), or the score rises while "
+                      "`response/length_mean` grows by more than half",
+}
+
 
 @dataclass(frozen=True)
 class Alarm:

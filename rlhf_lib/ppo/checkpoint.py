@@ -3,73 +3,42 @@
 Tensors go to safetensors files, everything else to one JSON file, so a checkpoint can be read by any tool and
 loading one never runs code. A checkpoint is a directory:
 
-    policy.safetensors     policy state dict (tied weights stored once; aliases in the file's metadata)
-    value.safetensors      the critic's state dict: value model, value head, or empty (same layout)
-    optimizer.safetensors  every tensor of `optimizer.state_dict()` (Adam moments, `step`, ...)
+    policy.safetensors     the policy's weights (`safetensors.torch.save_model`: tied weights stored once)
+    value.safetensors      the critic's own weights: value model, value head, or none (same layout)
+    optimizer.safetensors  the optimizer's tensors (Adam moments, `step`) as `state.<param index>.<key>`
     rng.safetensors        torch global RNG, the trainer's `torch.Generator` (and CUDA RNGs when CUDA is in use)
-    state.json             the rest: optimizer param groups and non-tensor state, numpy and python RNG states,
-                           the prompt sampler (its `random.Random`, order and position), the KL controller,
-                           the iteration, the last timings, the config (for reference) and the caller's `extra`
+    state.json             the rest: the optimizer's other values, numpy and python RNG states, the prompt sampler,
+                           the KL controller, the iteration, the trainer's running statistics, the config (for
+                           reference) and the caller's `extra`
+    COMPLETE               written last: a directory without it is a save that did not finish
 
-Restoring all of it into a trainer built with the same config and initial models makes the resumed run
-bit-identical to an uninterrupted one (on CPU). The trainer keeps no running statistics besides `timings`;
-callers with their own (e.g. an EMA of the reward) pass them as the JSON-able `extra` of `save_checkpoint`, and
-`load_checkpoint` returns them.
-
-A checkpoint is written into a temporary directory beside its final name and renamed into place, so a crash
-never leaves a half-written checkpoint under the final name; `latest_checkpoint` picks the newest complete one.
-
-This module holds the public API and does all file writing; the (de)serialisation of model, optimizer and RNG
-states and the checks of what was read live in `rlhf_lib.ppo.state_io`.
+The marker is the one crash-safety mechanism: locally, and in MLflow, where the stage uploads it after the other
+files (`stages.ppo`). Restoring all of it into a trainer built with the same config and initial models makes the
+resumed run bit-identical to an uninterrupted one (on CPU).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
-from torch import Tensor
-
-from rlhf_lib.ppo.state_io import (
-    check_optimizer,
-    decode_optimizer,
-    encode_optimizer,
-    load_module_state,
-    module_state_tensors,
-    numpy_rng_state,
-    numpy_rng_tuple,
-    python_rng_state,
-    python_rng_tuple,
-    require,
-    restore_cuda_rng,
-    torch_rng_tensors,
-)
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file, save_model
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from rlhf_lib.ppo.trainer import PPOTrainer
 
-FORMAT = "rlhf_lib.ppo.checkpoint/1"
-POLICY_FILE = "policy.safetensors"
-VALUE_FILE = "value.safetensors"
-OPTIMIZER_FILE = "optimizer.safetensors"
-RNG_FILE = "rng.safetensors"
-STATE_FILE = "state.json"
-REQUIRED_FILES = (POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE)
-
+FORMAT = "rlhf_lib.ppo.checkpoint/2"
+POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE = "policy.safetensors", "value.safetensors", "optimizer.safetensors"
+RNG_FILE, STATE_FILE, COMPLETE_MARKER = "rng.safetensors", "state.json", "COMPLETE"
+FILES = (POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, COMPLETE_MARKER)
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# public API
 
 
 def checkpoint_dir(root: Path, iteration: int) -> Path:
@@ -77,51 +46,46 @@ def checkpoint_dir(root: Path, iteration: int) -> Path:
     return Path(root) / f"iter_{iteration:06d}"
 
 
-def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] | None = None) -> Path:
-    """Write the complete training state of `trainer` into `directory` and return it.
+def is_complete(directory: Path) -> bool:
+    return (Path(directory) / COMPLETE_MARKER).is_file()
 
-    `extra` holds the caller's JSON-able running statistics; `load_checkpoint` returns it. The directory is built
-    beside its final name and renamed into place; an existing checkpoint of the same name is replaced only once
-    the new one is complete. Raises `TypeError` if `extra` (or any state) is not JSON-serialisable.
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint `root/iter_NNNNNN`, or None."""
+    found = [(int(m.group(1)), p) for p in Path(root).glob("iter_*")
+             if (m := _ITER_DIR.match(p.name)) and is_complete(p)]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] | None = None) -> Path:
+    """Write the complete training state of `trainer` into `directory`, the `COMPLETE` marker last; return it.
+
+    `extra` holds the caller's JSON-able running statistics; `load_checkpoint` returns it. Raises `TypeError` if
+    any state is not JSON-serialisable, before the first file is written.
     """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-
-    # Everything is gathered (and JSON-encoded) before the first byte is written.
-    opt_tensors: dict[str, Tensor] = {}
-    state = {
+    optimizer, opt_tensors = _split_optimizer(trainer.optimizer.state_dict())
+    sampler = trainer.sampler
+    state_text = json.dumps({
         "format": FORMAT,
-        "iteration": int(trainer.iteration),
-        "optimizer": encode_optimizer(trainer.optimizer.state_dict(), opt_tensors),
+        "iteration": trainer.iteration,
+        "optimizer": optimizer,
         "kl_controller": {"class": type(trainer.kl_ctl).__name__, "state": trainer.kl_ctl.state_dict()},
         "trainer": trainer.extra_state(),
-        "rng": {"python": python_rng_state(random.getstate()), "numpy": numpy_rng_state()},
-        "sampler": {
-            "rng": python_rng_state(trainer.sampler.rng.getstate()),
-            "order": [int(i) for i in trainer.sampler.order],
-            "pos": int(trainer.sampler.pos),
-            "n_prompts": len(trainer.sampler.prompts),
-        },
-        "timings": {k: float(v) for k, v in getattr(trainer, "timings", {}).items()},
-        "config": _config_json(trainer),
-        "extra": dict(extra) if extra is not None else {},
-    }
-    state_text = json.dumps(state, indent=1)
-    rng_tensors = torch_rng_tensors(trainer.generator)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
-    try:
-        _save_module_state(trainer.m.policy.state_dict(), tmp / POLICY_FILE)
-        _save_module_state(trainer.critic.module.state_dict(), tmp / VALUE_FILE)
-        save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))
-        save_file(rng_tensors, str(tmp / RNG_FILE))
-        (tmp / STATE_FILE).write_text(state_text, encoding="utf-8")  # last: its presence marks completeness
-        for name in REQUIRED_FILES:
-            _fsync(tmp / name)
-        _move_into_place(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        "rng": {"python": random.getstate(), "numpy": _numpy_state()},
+        "sampler": {"rng": sampler.rng.getstate(), "order": sampler.order, "pos": sampler.pos,
+                    "n_prompts": len(sampler.prompts)},
+        "config": trainer.cfg.model_dump(mode="json"),
+        "extra": dict(extra or {}),
+    }, indent=1)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / COMPLETE_MARKER).unlink(missing_ok=True)  # an overwrite is incomplete until it is done
+    save_model(trainer.models.policy, str(directory / POLICY_FILE))
+    save_model(trainer.critic.module, str(directory / VALUE_FILE))
+    save_file(opt_tensors, str(directory / OPTIMIZER_FILE))
+    save_file(_torch_rng(trainer.generator), str(directory / RNG_FILE))
+    (directory / STATE_FILE).write_text(state_text, encoding="utf-8")
+    (directory / COMPLETE_MARKER).write_text(str(trainer.iteration))
     return directory
 
 
@@ -133,149 +97,124 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
     leaves the trainer as it was.
     """
     directory = Path(directory)
-    if not directory.is_dir():
-        raise ValueError(f"checkpoint directory {directory} does not exist")
-    for name in REQUIRED_FILES:
+    for name in (COMPLETE_MARKER, *FILES[:-1]):
         if not (directory / name).is_file():
             raise ValueError(f"checkpoint {directory} is incomplete: missing file {name}")
+    try:
+        state = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
+        policy = _read_module(trainer.models.policy, directory / POLICY_FILE)
+        value = _read_module(trainer.critic.module, directory / VALUE_FILE)
+        optimizer = _join_optimizer(trainer.optimizer, state["optimizer"], load_file(str(directory / OPTIMIZER_FILE)),
+                                    directory / OPTIMIZER_FILE)
+        rng = load_file(str(directory / RNG_FILE))
+        _check_state(trainer, state, rng, directory)
+    except (KeyError, TypeError, json.JSONDecodeError, SafetensorError, OSError) as e:
+        raise ValueError(f"checkpoint {directory} is unreadable: {type(e).__name__}: {e}") from e
 
-    state = _read_state(directory / STATE_FILE)
-    policy_sd = load_module_state(trainer.m.policy, directory / POLICY_FILE)
-    value_sd = load_module_state(trainer.critic.module, directory / VALUE_FILE)
-    opt_sd = decode_optimizer(
-        require(state, "optimizer", STATE_FILE),
-        load_file(str(directory / OPTIMIZER_FILE)),
-        directory / OPTIMIZER_FILE,
-        f"{STATE_FILE} optimizer",
-    )
-    check_optimizer(trainer.optimizer, opt_sd, directory / OPTIMIZER_FILE)
-    rng = load_file(str(directory / RNG_FILE))
+    # All validated: now mutate.
+    trainer.models.policy.load_state_dict(policy, strict=True)
+    trainer.critic.module.load_state_dict(value, strict=True)
+    trainer.optimizer.load_state_dict(optimizer)
+    trainer.kl_ctl.load_state_dict(state["kl_controller"]["state"])
+    trainer.load_extra_state(state["trainer"])
+    sampler = state["sampler"]
+    trainer.sampler.rng.setstate(_python_state(sampler["rng"]))
+    trainer.sampler.order, trainer.sampler.pos = list(sampler["order"]), sampler["pos"]
+    trainer.iteration = state["iteration"]
+    random.setstate(_python_state(state["rng"]["python"]))
+    np.random.set_state(tuple(state["rng"]["numpy"]))
+    torch.set_rng_state(rng["torch_global"])
+    trainer.generator.set_state(rng["generator"])
+    cuda = [rng[k] for k in sorted((k for k in rng if k.startswith("cuda.")), key=lambda k: int(k[5:]))]
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
+    return dict(state["extra"])
+
+
+def _read_module(module: nn.Module, path: Path) -> dict[str, Tensor]:
+    """A module's state dict from a `save_model` file, tied weights restored from the file's metadata (removed
+    name -> kept name), checked against `module`: names, shapes and dtypes."""
+    with safe_open(str(path), framework="pt") as f:
+        aliases = f.metadata() or {}
+    tensors = load_file(str(path))
+    tensors.update({alias: tensors[kept] for alias, kept in aliases.items() if kept in tensors})
+    expected = module.state_dict()
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path}: parameter names do not match the model: missing {missing}, unexpected {unexpected}")
+    for name, t in tensors.items():
+        if t.shape != expected[name].shape or t.dtype != expected[name].dtype:
+            raise ValueError(f"{path}: tensor {name!r} is {t.dtype} {tuple(t.shape)}, the model has "
+                             f"{expected[name].dtype} {tuple(expected[name].shape)}")
+    return tensors
+
+
+def _split_optimizer(sd: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """`optimizer.state_dict()` as JSON (tensors replaced by null) and its tensors as `state.<index>.<key>`."""
+    tensors = {f"state.{i}.{k}": v.detach().cpu().contiguous() for i, entry in sd["state"].items()
+               for k, v in entry.items() if isinstance(v, Tensor)}
+    state = {str(i): {k: None if isinstance(v, Tensor) else v for k, v in entry.items()}
+             for i, entry in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}, tensors
+
+
+def _join_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], tensors: dict[str, Tensor],
+                    path: Path) -> dict[str, Any]:
+    """The inverse of `_split_optimizer`, checked against the live optimizer: groups, parameter counts, moment
+    shapes. JSON turned tuples (Adam's betas) into lists: they get the live group's types back."""
+    groups, live = saved["param_groups"], optimizer.param_groups
+    if len(groups) != len(live) or any(len(g["params"]) != len(lg["params"]) for g, lg in zip(groups, live)):
+        raise ValueError(f"{path}: the saved optimizer's parameter groups {[len(g['params']) for g in groups]} do not "
+                         f"match the trainer's {[len(g['params']) for g in live]}")
+    params = {i: p for g, lg in zip(groups, live) for i, p in zip(g["params"], lg["params"])}
+    state: dict[int, dict[str, Any]] = {}
+    for i, entry in saved["state"].items():
+        if int(i) not in params:
+            raise ValueError(f"{path}: optimizer state for unknown parameter index {i}")
+        state[int(i)] = {k: tensors[f"state.{i}.{k}"] if v is None else v for k, v in entry.items()}
+        for k, v in state[int(i)].items():
+            if isinstance(v, Tensor) and v.dim() > 0 and v.shape != params[int(i)].shape:
+                raise ValueError(f"{path}: tensor 'state.{i}.{k}' has shape {tuple(v.shape)}, its parameter has "
+                                 f"{tuple(params[int(i)].shape)}")
+    groups = [{k: tuple(v) if isinstance(lg.get(k), tuple) else v for k, v in g.items()} for g, lg in zip(groups, live)]
+    return {"state": state, "param_groups": groups}
+
+
+def _check_state(trainer: PPOTrainer, state: dict[str, Any], rng: dict[str, Tensor], directory: Path) -> None:
+    """Everything besides the weights and the optimizer, against the live trainer."""
+    where = directory / STATE_FILE
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{where}: unknown checkpoint format {state.get('format')!r}, expected {FORMAT!r}")
     for key in ("torch_global", "generator"):
         if key not in rng:
             raise ValueError(f"{directory / RNG_FILE}: missing tensor {key!r}")
-    kl = require(state, "kl_controller", STATE_FILE)
-    if kl.get("class") != type(trainer.kl_ctl).__name__:
-        raise ValueError(
-            f"{directory / STATE_FILE}: kl_controller is a {kl.get('class')}, the trainer has a "
-            f"{type(trainer.kl_ctl).__name__} (was adaptive_kl changed?)"
-        )
-    sampler = require(state, "sampler", STATE_FILE)
-    if sampler.get("n_prompts") != len(trainer.sampler.prompts):
-        raise ValueError(
-            f"{directory / STATE_FILE}: sampler.n_prompts is {sampler.get('n_prompts')}, the trainer has "
-            f"{len(trainer.sampler.prompts)} prompts"
-        )
-    extra_state = require(state, "trainer", STATE_FILE)
-    for key in ("rm_offset", "reward_moments"):
-        require(extra_state, key, f"{STATE_FILE} trainer")
-    if (extra_state["reward_moments"] is None) != (trainer.reward_moments is None):
-        raise ValueError(f"{directory / STATE_FILE}: reward whitening state does not match the trainer "
-                         "(was ppo.whiten_rewards changed?)")
-    py_rng = require(require(state, "rng", STATE_FILE), "python", f"{STATE_FILE} rng")
-    np_rng = require(state["rng"], "numpy", f"{STATE_FILE} rng")
-
-    # All validated: now mutate.
-    trainer.m.policy.load_state_dict(policy_sd, strict=True)
-    trainer.critic.module.load_state_dict(value_sd, strict=True)
-    trainer.optimizer.load_state_dict(opt_sd)
-    trainer.kl_ctl.load_state_dict(kl["state"])
-    trainer.load_extra_state(extra_state)
-    trainer.sampler.rng.setstate(python_rng_tuple(sampler["rng"]))
-    trainer.sampler.order = [int(i) for i in sampler["order"]]
-    trainer.sampler.pos = int(sampler["pos"])
-    trainer.iteration = int(require(state, "iteration", STATE_FILE))
-    trainer.timings = {k: float(v) for k, v in state.get("timings", {}).items()}
-    random.setstate(python_rng_tuple(py_rng))
-    np.random.set_state(numpy_rng_tuple(np_rng))
-    torch.set_rng_state(rng["torch_global"])
-    trainer.generator.set_state(rng["generator"])
-    restore_cuda_rng(rng)
-    return dict(state.get("extra", {}))
+    kl = state["kl_controller"]["class"]
+    if kl != type(trainer.kl_ctl).__name__:
+        raise ValueError(f"{where}: kl_controller is a {kl}, the trainer has a {type(trainer.kl_ctl).__name__} "
+                         "(was ppo.adaptive_kl changed?)")
+    if state["sampler"]["n_prompts"] != len(trainer.sampler.prompts):
+        raise ValueError(f"{where}: sampler.n_prompts is {state['sampler']['n_prompts']}, the trainer has "
+                         f"{len(trainer.sampler.prompts)} prompts")
+    if (state["trainer"]["reward_moments"] is None) != (trainer.reward_moments is None):
+        raise ValueError(f"{where}: reward whitening state does not match the trainer (was ppo.whiten_rewards "
+                         "changed?)")
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint `root/iter_NNNNNN` (highest iteration with every file), or None."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for child in root.iterdir():
-        match = _ITER_DIR.match(child.name)
-        if match and child.is_dir() and is_complete(child):
-            it = int(match.group(1))
-            if best is None or it > best[0]:
-                best = (it, child)
-    return best[1] if best else None
+def _torch_rng(generator: torch.Generator) -> dict[str, Tensor]:
+    """The torch RNG states: global CPU, the trainer's generator, and each CUDA device's when CUDA is in use."""
+    tensors = {"torch_global": torch.get_rng_state(), "generator": generator.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return tensors
 
 
-def is_complete(directory: Path) -> bool:
-    """Whether `directory` holds every file of a checkpoint."""
-    return all((Path(directory) / name).is_file() for name in REQUIRED_FILES)
+def _python_state(saved: list[Any]) -> tuple[Any, ...]:
+    """`random.getstate()` back from JSON: (version, the Mersenne-Twister words as a tuple, gauss_next)."""
+    version, internal, gauss_next = saved
+    return version, tuple(internal), gauss_next
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# writing
-
-
-def _move_into_place(tmp: Path, directory: Path) -> None:
-    """Rename the finished `tmp` to `directory`, replacing an existing checkpoint only after `tmp` is complete."""
-    old: Path | None = None
-    if directory.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
-        os.replace(directory, old / directory.name)
-    os.replace(tmp, directory)
-    _fsync_dir(directory.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(path: Path) -> None:
-    """Flush a written file to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Flush a directory entry (a rename) to disk where the platform allows it."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _save_module_state(state_dict: dict[str, Tensor], path: Path) -> None:
-    """Save a module state dict to safetensors, tied weights stored once (see `state_io.module_state_tensors`)."""
-    tensors, metadata = module_state_tensors(state_dict)
-    save_file(tensors, str(path), metadata=metadata)
-
-
-def _config_json(trainer: PPOTrainer) -> Any:
-    """The trainer's config as JSON (for reference only; loading does not apply it)."""
-    cfg = getattr(trainer, "cfg", None)
-    dump = getattr(cfg, "model_dump", None)
-    return dump(mode="json") if dump is not None else None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# reading
-
-
-def _read_state(path: Path) -> dict[str, Any]:
-    """Parse and check state.json."""
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: unreadable checkpoint state ({e})") from e
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        found = state.get("format") if isinstance(state, dict) else None
-        raise ValueError(f"{path}: unknown checkpoint format {found!r}, expected {FORMAT!r}")
-    return state
+def _numpy_state() -> list[Any]:
+    """numpy's legacy global RNG state as JSON: (name, keys, pos, has_gauss, cached_gaussian)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from rlhf_lib.ppo.masked import masked_mean, masked_var
+from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
+from rlhf_lib.ppo.types import Rollout
 
 
 @torch.no_grad()
@@ -41,3 +45,51 @@ def spread(name: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     real = x[m]
     return {f"{name}/mean": float(masked_mean(x, m)), f"{name}/std": float(masked_var(x, m, unbiased=False).sqrt()),
             f"{name}/min": float(real.min()), f"{name}/max": float(real.max())}
+
+
+def advantage_stats(ro: Rollout, advantages: Tensor, kl: dict[str, float], kl_coef: float,
+                    score_stats: dict[str, float], reward_stats: dict[str, float]) -> dict[str, float]:
+    """The dashboard metrics of phases 3 and 4: KL, scores, rewards, advantages (before whitening) and, with a
+    critic, returns, values and explained variance. Shapes: advantages, ro.* (B, R)."""
+    mask = ro.response_mask
+    stats = {
+        "objective/kl_coef": kl_coef,
+        "objective/kl": kl["kl_k1"], "objective/kl_k2": kl["kl_k2"], "objective/kl_k3": kl["kl_k3"],
+        "objective/score_raw": float(ro.raw_scores.float().mean()),
+        "objective/score": reward_stats["score_mean"],
+        "objective/score_clipfrac": score_stats["score_clipfrac"],
+        "objective/non_score_reward": reward_stats["non_score_reward"],
+        "objective/reward_total": reward_stats["reward_total"],
+        **spread("advantages", advantages, mask),
+    }
+    if ro.returns is not None:
+        stats.update(spread("returns", ro.returns, mask))
+        stats["value/mean"] = float(masked_mean(ro.values, mask))
+        stats["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask)
+    return stats
+
+
+def update_stats(s: dict[str, float], all_refused: bool, critic_trains: bool) -> dict[str, float]:
+    """`ppo_epochs`' statistics under their dashboard names; the losses are NaN when every step was refused (the
+    `nan` alarm then says so)."""
+    stats = {UPDATE_METRICS[k]: v for k, v in s.items() if k in UPDATE_METRICS}
+    if all_refused:
+        stats.update({name: math.nan for name in ("loss/total", "loss/policy")})
+        if critic_trains:
+            stats["loss/value"] = math.nan
+    return stats
+
+
+def response_stats(ro: Rollout, eos_token_id: int) -> dict[str, float]:
+    """Length of the responses (EOS included) and the share that ran out of tokens without EOS."""
+    lengths = ro.response_mask.sum(1).float()
+    no_eos = ~ends_with_eos(ro.response, ro.response_mask, eos_token_id)
+    return {"response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+            "response/no_eos_frac": float(no_eos.float().mean())}
+
+
+def sample_rows(ro: Rollout, tokenizer, n: int) -> list[dict[str, object]]:
+    """The first `n` (prompt, response, score) rows of a scored rollout, for the sample table."""
+    texts = decode_responses(tokenizer, ro.response[:n], ro.response_mask[:n])
+    return [{"prompt": p, "response": r, "score_raw": float(raw), "score": float(s)}
+            for p, r, raw, s in zip(ro.prompts[:n], texts, ro.raw_scores[:n], ro.scores[:n])]

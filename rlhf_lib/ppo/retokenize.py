@@ -15,16 +15,10 @@ import torch
 
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
-from rlhf_lib.ppo.scoring import sequence_scores
+from rlhf_lib.ppo.scoring import concat, sequence_scores
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-def same_tokenizer(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> bool:
-    """Whether token ids mean the same to both: same vocabulary (added tokens included) and special ids."""
-    specials = ("eos_token_id", "pad_token_id", "bos_token_id")
-    return a.get_vocab() == b.get_vocab() and all(getattr(a, s) == getattr(b, s) for s in specials)
 
 
 def decode_prompts(tokenizer: PreTrainedTokenizerBase, query: torch.Tensor, query_mask: torch.Tensor) -> list[str]:
@@ -58,3 +52,21 @@ def retokenized_scores(
             for p, r, eos in zip(prompts, texts, finished)]
     ids, mask = pad_right(rows, reward_tokenizer.pad_token_id)
     return sequence_scores(reward, ids.to(query.device), mask.to(query.device))
+
+
+class RewardScorer:
+    """The frozen reward model as PPO reads it: the raw score of each (prompt, response) row at its last real token.
+    With `own_tokenizer` (an RM with a tokenizer of its own) it reads the decoded text through that tokenizer;
+    `tokenizer` is the policy's."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 own_tokenizer: PreTrainedTokenizerBase | None = None):
+        self.model, self.tokenizer, self.own_tokenizer = model, tokenizer, own_tokenizer
+
+    def __call__(self, query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
+                 response_mask: torch.Tensor) -> torch.Tensor:
+        """Shapes: (B, P), (B, P), (B, R), (B, R) -> (B,)."""
+        if self.own_tokenizer is None:
+            return sequence_scores(self.model, *concat(query, query_mask, response, response_mask))
+        return retokenized_scores(self.model, self.own_tokenizer, self.tokenizer, query, query_mask, response,
+                                  response_mask)

@@ -18,7 +18,7 @@ from rlhf_lib.ppo.scoring import cache_kwarg, keep_last, position_ids
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from rlhf_lib.ppo.distributed import RowShard
+    from rlhf_lib.ppo.sharding import RowShard
 
 
 def encode_prompts(
@@ -122,7 +122,7 @@ def sample(
     its mask 0 and its log-probs 0. The EOS itself is a real token (mask 1): the policy must get credit for
     stopping. With `stop_at_eos=False` every row runs `max_new_tokens` tokens (benchmarks). With `shard` (under
     `accelerate launch`) the rows are this process's slice of a global batch, and the tokens and the number of
-    steps are those of sampling the whole batch in one process (see `rlhf_lib.ppo.distributed`).
+    steps are those of sampling the whole batch in one process (see `rlhf_lib.ppo.sharding`).
 
     Per token: one model call on the KV cache (preallocated, so nothing is copied as it grows), a log-softmax of
     (B, V), and a write into preallocated outputs. The uniforms for all steps are drawn at once from `generator`

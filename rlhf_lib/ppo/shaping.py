@@ -15,6 +15,8 @@ Notation: B = batch, T = response length.
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -97,3 +99,9 @@ def shape_scores(
         stats["score_clipfrac"] = float((clipped != s).float().mean())
         s = clipped
     return s, stats
+
+
+def rm_offset_prompts(prompts: Sequence[str], n: int, seed: int) -> tuple[list[str], torch.Generator]:
+    """The `n` training prompts whose SFT samples set the RM offset, and the generator to sample them with: both
+    seeded apart from the training stream (seed + 1), so it is the same with the offset on or off."""
+    return random.Random(seed + 1).choices(list(prompts), k=n), torch.Generator().manual_seed(seed + 1)

@@ -1,5 +1,5 @@
-"""The PPO loop of RLHF: one object holds the four models and the optimizer; each phase is a method, so the
-Prefect sub-flow runs them as tasks and the benchmark runs them bare, through the same code.
+"""The state of RLHF-PPO: the four models, the optimizer and the KL controller, with each phase of an iteration as a
+method. The order of the phases and the loop over iterations are defined once, in `rlhf_lib.ppo.loop`:
 
     1. generate   -> rollout()
     2. score      -> score(ro)
@@ -10,31 +10,28 @@ Prefect sub-flow runs them as tasks and the benchmark runs them bare, through th
 
 from __future__ import annotations
 
-import math
-import random
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.data.collate import sft_batch
-from rlhf_lib.models import freeze
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.models import fit_length, freeze
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
-from rlhf_lib.ppo.distributed import Solo, check_sizes
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
 from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
-from rlhf_lib.ppo.masked import masked_mean, masked_whiten
-from rlhf_lib.ppo.metrics import UPDATE_METRICS, explained_variance, spread
-from rlhf_lib.ppo.retokenize import retokenized_scores
-from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
+from rlhf_lib.ppo.masked import masked_whiten
+from rlhf_lib.ppo.metrics import advantage_stats, response_stats, update_stats
+from rlhf_lib.ppo.retokenize import RewardScorer
+from rlhf_lib.ppo.rollout import encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.sampler import PromptSampler
-from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
-from rlhf_lib.ppo.shaping import RunningMoments, shape_scores, truncate_after_eos
+from rlhf_lib.ppo.scoring import response_logprobs
+from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts, shape_scores, truncate_after_eos
+from rlhf_lib.ppo.sharding import check_sizes, gather_rollout, local_rows, prepare_models, row_shard
 from rlhf_lib.ppo.types import PPOModels, Rollout
-from rlhf_lib.ppo.update import ppo_epochs
+from rlhf_lib.ppo.update import PtxSampler, ppo_epochs
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel
@@ -42,11 +39,12 @@ if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached r
 
 class PPOTrainer:
     def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int,
-                 ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128, dist: Solo | None = None):
-        # `dist`: the process group under `accelerate launch` (rlhf_lib.ppo.distributed.Group); None: one process.
-        self.dist = dist or Solo()
-        check_sizes(cfg, self.dist.world)
-        self.m = models
+                 ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128,
+                 group: ProcessGroup | None = None):
+        # `group`: the training processes (several under `accelerate launch`); None: this process alone.
+        self.group = group or ProcessGroup(cpu=True)
+        check_sizes(cfg, self.group.world)
+        self.models = models
         self.cfg = cfg
         self.max_prompt_tokens = max_prompt_tokens
         for model in (models.policy, models.ref, models.reward, models.value):
@@ -62,6 +60,7 @@ class PPOTrainer:
         for frozen in (models.ref, models.reward):
             if frozen is not None:
                 freeze(frozen)
+        self.rm_scores = RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -74,23 +73,18 @@ class PPOTrainer:
         # fused: one kernel per parameter tensor; the default for-each Adam costs several times more on CPU.
         self.optimizer = torch.optim.Adam(groups, eps=cfg.adam_eps, fused=True)
         # What the update calls: the policy, or its DDP wrapper (then the critic's forward is wrapped too).
-        self.policy_module, self.optimizer = self.dist.prepare(models.policy, self.critic, self.optimizer,
-                                                               frozen=(models.ref, models.reward))
+        self.policy_module, self.optimizer = prepare_models(self.group, models.policy, self.critic, self.optimizer,
+                                                            frozen=(models.ref, models.reward))
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-            if cfg.adaptive_kl
-            else FixedKLController(cfg.kl_coef)
-        )
+        self.kl_ctl = (AdaptiveKLController(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon) if cfg.adaptive_kl
+                       else FixedKLController(cfg.kl_coef))
         self.reward_moments = RunningMoments() if cfg.whiten_rewards else None
         self.rm_offset: float | None = None if cfg.rm_offset_samples else 0.0
-        self.ptx_examples = list(ptx_examples)
-        self.ptx_max_length = ptx_max_length
-        if cfg.ptx_coef > 0 and not self.ptx_examples:
-            raise ValueError("ppo.ptx_coef > 0 needs demonstrations (the SFT data) for the ptx loss")
+        # Demonstrations are cut to what the policy's position embeddings cover, as in SFT.
+        self.ptx = (PtxSampler(ptx_examples, models.tokenizer, fit_length(ptx_max_length, models.policy),
+                               cfg.ptx_batch_size, self.generator) if cfg.ptx_coef > 0 else None)
         self.iteration = 0
         self.refused_streak = 0
-        self.timings: dict[str, float] = {}
         self.engine = None
         if cfg.rollout_engine == "vllm":  # GPU only: fails here, at stage start, on a machine without one
             from rlhf_lib.ppo.vllm_engine import VLLMRollout
@@ -100,38 +94,35 @@ class PPOTrainer:
 
     # 1. generate ---------------------------------------------------------------------------------------------
     def rollout(self) -> Rollout:
-        t0 = time.perf_counter()
         c = self.cfg
         # Critic-free estimators compare k samples of one prompt, so each prompt is drawn once and repeated k times.
         k = 1 if c.has_critic else c.group_size
         prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
-        local = self.dist.local(prompts)  # this process's rows: all of them in one process
-        tok = self.m.tokenizer
+        local = local_rows(prompts, self.group)  # this process's rows: all of them in one process
+        tok = self.models.tokenizer
         query, query_mask = encode_prompts(tok, local, self.max_prompt_tokens)
         if self.engine is not None:
             # vLLM's log-probs differ from the trainer's numerics (kernels, precision): PPO's ratio needs the
             # policy's own, so they are recomputed with one forward (the known engine mismatch).
             response, response_mask, _ = self.engine.generate(query, query_mask)
             with torch.inference_mode():
-                logprobs, _ = response_logprobs(self.m.policy, query, query_mask, response, response_mask,
+                logprobs, _ = response_logprobs(self.models.policy, query, query_mask, response, response_mask,
                                                 temperature=c.temperature)
         else:
             response, response_mask, logprobs = sample(
-                self.m.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
+                self.models.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
-                stop_at_eos=c.stop_at_eos, shard=self.dist.row_shard(len(prompts)),
+                stop_at_eos=c.stop_at_eos, shard=row_shard(self.group, len(prompts)),
             )
         if not c.stop_at_eos:
             response, response_mask, logprobs = truncate_after_eos(
                 response, response_mask, logprobs, tok.eos_token_id, tok.pad_token_id
             )
-        self.timings["rollout_s"] = time.perf_counter() - t0
         return Rollout(query, query_mask, response, response_mask, logprobs, prompts=local)
 
     # 2. score ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def score(self, ro: Rollout) -> None:
-        t0 = time.perf_counter()
         if self.rm_offset is None:
             self._set_rm_offset(self._rm_offset())
         # In chunks of rows: the three forward passes' activations (a (rows, T, 4H) MLP tensor per layer, the (rows,
@@ -140,19 +131,18 @@ class PPOTrainer:
         parts = [self._score_rows(ro.query[i : i + n], ro.query_mask[i : i + n], ro.response[i : i + n],
                                   ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
         ro.ref_logprobs, ro.values, ro.raw_scores = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
-        self.timings["score_s"] = time.perf_counter() - t0
 
     def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Reference log-probs (B, R), values (B, R) or None, raw RM scores (B,) of rows (query, query_mask,
         response, response_mask)."""
         with adapters_off(self.peft):
             ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
-        return ref_logprobs, self.critic.values(self.m.policy, *args), self._rm_scores(*args)
+        return ref_logprobs, self.critic.values(self.models.policy, *args), self.rm_scores(*args)
 
     @property
     def reference(self) -> PreTrainedModel:
         """The frozen reference: its own model, or (LoRA) the policy, to be called inside `adapters_off`."""
-        return self.m.policy if self.peft is not None else self.m.ref
+        return self.models.policy if self.peft is not None else self.models.ref
 
     def sync_engine(self) -> None:
         """Load the policy's current weights into the vLLM engine (after each update and after a resume)."""
@@ -161,52 +151,42 @@ class PPOTrainer:
 
     def export_policy(self) -> PreTrainedModel:
         """The trained policy as a plain transformers model (LoRA adapters merged in) for saving and registering."""
-        return merged_copy(self.peft) if self.peft is not None else self.m.policy
-
-    def _rm_scores(self, query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
-                   response_mask: torch.Tensor) -> torch.Tensor:
-        """Raw RM scores (B,), read at the last real token; an RM with its own tokenizer reads the decoded text."""
-        if self.m.reward_tokenizer is None:
-            return sequence_scores(self.m.reward, *concat(query, query_mask, response, response_mask))
-        return retokenized_scores(self.m.reward, self.m.reward_tokenizer, self.m.tokenizer, query, query_mask,
-                                  response, response_mask)
+        return merged_copy(self.peft) if self.peft is not None else self.models.policy
 
     def _set_rm_offset(self, offset: float | None) -> None:
         self.rm_offset = offset
         # A value model copied from the RM predicts raw scores; one built from SFT (or for an RM that reads other
         # token ids) starts at 0 and needs no shift.
-        if self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.m.reward_tokenizer is None:
+        if self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.models.reward_tokenizer is None:
             self.critic.offset = offset or 0.0
 
     def _rm_offset(self) -> float:
         """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean raw score of
         `rm_offset_samples` responses of the SFT policy (= the frozen reference) to training prompts. Its own RNGs,
         so the training stream is the same with the offset on or off."""
-        c, tok = self.cfg, self.m.tokenizer
-        prompts = random.Random(c.seed + 1).choices(self.sampler.prompts, k=c.rm_offset_samples)
-        gen = torch.Generator().manual_seed(c.seed + 1)
+        c, tok = self.cfg, self.models.tokenizer
+        prompts, gen = rm_offset_prompts(self.sampler.prompts, c.rm_offset_samples, c.seed)
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
             chunk = prompts[i : i + c.batch_size]
-            query, query_mask = encode_prompts(tok, self.dist.local(chunk), self.max_prompt_tokens)
+            query, query_mask = encode_prompts(tok, local_rows(chunk, self.group), self.max_prompt_tokens)
             with adapters_off(self.peft):
                 response, response_mask, _ = sample(
                     self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
-                    shard=self.dist.row_shard(len(chunk)),
+                    shard=row_shard(self.group, len(chunk)),
                 )
-            total += float(self._rm_scores(query, query_mask, response, response_mask).sum())
-        return self.dist.sum([total])[0] / len(prompts)
+            total += float(self.rm_scores(query, query_mask, response, response_mask).sum())
+        return self.group.sum([total])[0] / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
     @torch.no_grad()
     def advantages(self, ro: Rollout) -> dict[str, float]:
-        t0 = time.perf_counter()
         ro.require("ref_logprobs", "raw_scores")
         # Several processes: from here on every process holds the whole scored rollout and computes what one would.
-        self.dist.gather(ro, self.m.tokenizer.pad_token_id)
+        gather_rollout(ro, self.models.tokenizer.pad_token_id, self.group)
         c, mask = self.cfg, ro.response_mask
-        has_eos = ends_with_eos(ro.response, mask, self.m.tokenizer.eos_token_id)
+        has_eos = ends_with_eos(ro.response, mask, self.models.tokenizer.eos_token_id)
         ro.scores, score_stats = shape_scores(
             ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, missing_eos_penalty=c.missing_eos_penalty,
             moments=self.reward_moments, clip=c.reward_clip,
@@ -224,65 +204,30 @@ class PPOTrainer:
         whiten = c.whiten_advantages and c.advantage_estimator != "grpo"
         ro.advantages = masked_whiten(advantages, mask) if whiten else advantages
         kl = kl_stats(ro.logprobs, ro.ref_logprobs, mask)
-        stats = {
-            "objective/kl_coef": self.kl_ctl.value,
-            "objective/kl": kl["kl_k1"], "objective/kl_k2": kl["kl_k2"], "objective/kl_k3": kl["kl_k3"],
-            "objective/score_raw": float(ro.raw_scores.float().mean()),
-            "objective/score": reward_stats["score_mean"],
-            "objective/score_clipfrac": score_stats["score_clipfrac"],
-            "objective/non_score_reward": reward_stats["non_score_reward"],
-            "objective/reward_total": reward_stats["reward_total"],
-            **spread("advantages", advantages, mask),
-        }
-        if c.has_critic:
-            stats.update(spread("returns", ro.returns, mask))
-            stats["value/mean"] = float(masked_mean(ro.values, mask))
-            stats["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask)
+        stats = advantage_stats(ro, advantages, kl, self.kl_ctl.value, score_stats, reward_stats)
         # The controller sees the KL of the samples it just shaped (Ziegler et al. 2019, eq. 2).
         self.kl_ctl.update(kl["kl_k1"], ro.batch_size)
-        self.timings["gae_s"] = time.perf_counter() - t0
         return stats
 
     # 5. update -----------------------------------------------------------------------------------------------
     def update(self, ro: Rollout) -> dict[str, float]:
-        t0 = time.perf_counter()
         c = self.cfg
         frac = 1.0 - self.iteration / c.iterations if c.lr_schedule == "linear" else 1.0
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * frac
         warming_up = self.critic.trains and self.iteration < c.critic_warmup
         s = ppo_epochs(self.policy_module, self.critic, self.optimizer, ro, c, self.generator,
-                       train_policy=not warming_up, ptx_batch=self._ptx_batch if c.ptx_coef > 0 else None,
-                       dist=self.dist)
+                       train_policy=not warming_up, ptx_batch=self.ptx, group=self.group)
         self.sync_engine()
-        self.timings["update_s"] = time.perf_counter() - t0
         self.iteration += 1
         self._guard(s["refused_steps"])
-        stats = {f"{UPDATE_METRICS[k]}": v for k, v in s.items() if k in UPDATE_METRICS}
-        if s["refused_steps"] >= c.epochs * c.minibatches:  # every step refused: NaN losses, and the alarm says so
-            stats.update({UPDATE_METRICS[k]: math.nan for k in ("loss", "policy_loss", "value_loss")
-                          if k != "value_loss" or self.critic.trains})
+        stats = update_stats(s, all_refused=s["refused_steps"] >= c.epochs * c.minibatches,
+                             critic_trains=self.critic.trains)
         for group in self.optimizer.param_groups:
             stats[f"lr/{group['name']}"] = group["lr"]
         stats["update/critic_warmup"] = float(warming_up)
-        lengths = ro.response_mask.sum(1).float()
-        stats.update({
-            "response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
-            "response/no_eos_frac": float(
-                (~ends_with_eos(ro.response, ro.response_mask, self.m.tokenizer.eos_token_id)).float().mean()
-            ),
-        })
-        total = sum(self.timings.get(k, 0.0) for k in ("rollout_s", "score_s", "gae_s", "update_s"))
-        stats.update({f"time/{k}": v for k, v in self.timings.items()})
-        stats["time/iteration_s"] = total
-        stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
+        stats.update(response_stats(ro, self.models.tokenizer.eos_token_id))
         return stats
-
-    def _ptx_batch(self) -> dict[str, torch.Tensor]:
-        """`ptx_batch_size` demonstrations drawn with the trainer's generator (so runs stay reproducible)."""
-        idx = torch.randint(len(self.ptx_examples), (self.cfg.ptx_batch_size,), generator=self.generator).tolist()
-        rows = [self.ptx_examples[i] for i in idx]
-        return sft_batch(self.m.tokenizer, [p for p, _ in rows], [r for _, r in rows], self.ptx_max_length)
 
     def extra_state(self) -> dict[str, Any]:
         """The trainer's running state besides weights, optimizer, KL controller, sampler and RNGs (checkpoints)."""
@@ -306,16 +251,7 @@ class PPOTrainer:
             )
 
     def step(self) -> tuple[Rollout, dict[str, float]]:
-        """One whole iteration, bare (the benchmark and tests); the Prefect sub-flow calls the phases itself."""
-        ro = self.rollout()
-        self.score(ro)
-        stats = self.advantages(ro)
-        stats.update(self.update(ro))
-        return ro, stats
+        """One whole iteration, its phases called directly (`rlhf_lib.ppo.loop.run_iteration`)."""
+        from rlhf_lib.ppo.loop import run_iteration
 
-    def samples(self, ro: Rollout, n: int) -> list[dict[str, object]]:
-        """The first `n` (prompt, response, score) rows of a scored rollout, for the sample table."""
-        texts = decode_responses(self.m.tokenizer, ro.response[:n], ro.response_mask[:n])
-        return [{"prompt": p, "response": r, "score_raw": float(raw), "score": float(s)}
-                for p, r, raw, s in zip(ro.prompts[:n], texts, ro.raw_scores[:n], ro.scores[:n])]
-
+        return run_iteration(self)

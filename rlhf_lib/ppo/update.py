@@ -3,24 +3,44 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.data.collate import sft_batch
+from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.ppo.critic import Critic
-from rlhf_lib.ppo.distributed import Solo
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
 from rlhf_lib.ppo.scoring import no_cache
+from rlhf_lib.ppo.sharding import backward_share, local_rows, summed
 from rlhf_lib.ppo.types import Rollout
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel
 
 PtxBatches = Callable[[], dict[str, torch.Tensor]]
+
+
+class PtxSampler:
+    """PPO-ptx demonstrations: each call draws `batch_size` (prompt, response) pairs with `generator` (the
+    trainer's, so runs stay reproducible) and collates them as SFT does, cut to `max_length` tokens."""
+
+    def __init__(self, examples: Sequence[tuple[str, str]], tokenizer, max_length: int, batch_size: int,
+                 generator: torch.Generator):
+        if not examples:
+            raise ValueError("ppo.ptx_coef > 0 needs demonstrations (the SFT data) for the ptx loss")
+        self.examples, self.tokenizer, self.max_length = list(examples), tokenizer, max_length
+        self.batch_size, self.generator = batch_size, generator
+
+    def __call__(self) -> dict[str, torch.Tensor]:
+        idx = torch.randint(len(self.examples), (self.batch_size,), generator=self.generator).tolist()
+        rows = [self.examples[i] for i in idx]
+        return sft_batch(self.tokenizer, [p for p, _ in rows], [r for _, r in rows], self.max_length)
 
 
 def trim_padding(mb: Rollout) -> Rollout:
@@ -48,12 +68,13 @@ def ptx_loss(policy: PreTrainedModel, batch: dict[str, torch.Tensor]) -> torch.T
     return response_lm_loss(logits.float(), batch["labels"])[0]
 
 
-def _ptx_share(policy: PreTrainedModel, batch: dict[str, torch.Tensor], dist: Solo) -> tuple[torch.Tensor, float]:
+def _ptx_share(policy: PreTrainedModel, batch: dict[str, torch.Tensor], group: ProcessGroup
+               ) -> tuple[torch.Tensor, float]:
     """The ptx loss of this process's rows of the demonstration batch, and their share of its response tokens
     (the loss is a token mean): the whole batch and 1 in one process. Every row has a response token (its EOS)."""
-    if dist.world == 1:
+    if group.world == 1:
         return ptx_loss(policy, batch), 1.0
-    local = {k: dist.local(v) for k, v in batch.items()}
+    local = {k: local_rows(v, group) for k, v in batch.items()}
     return ptx_loss(policy, local), _label_tokens(local) / _label_tokens(batch)
 
 
@@ -65,8 +86,8 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
                     weight: float, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
     """Forward and backward of one micro-batch's loss, scaled by its share `weight` of the minibatch's real
     tokens, so that the micro-batches' gradients add up to exactly the gradient of the token-level mean over the
-    whole minibatch. `backward` runs each backward pass (`Solo.backward` or its multi-process form). Returns the
-    scaled loss and stats.
+    whole minibatch. `backward` runs each backward pass (`sharding.backward_share`). Returns the scaled loss and
+    stats.
 
     A separate value model shares no weight with the policy, so the policy's terms are backpropagated before the
     value model runs: the same gradients as one backward of the sum, with one model's activations alive at a time.
@@ -107,7 +128,7 @@ def ppo_epochs(
     *,
     train_policy: bool = True,
     ptx_batch: PtxBatches | None = None,
-    dist: Solo | None = None,
+    group: ProcessGroup | None = None,
 ) -> dict[str, float]:
     """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat over
     the steps taken, plus `refused_steps` (minibatches whose loss or gradient was not finite: skipped) and
@@ -117,10 +138,11 @@ def ppo_epochs(
         L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy) + ptx_coef * L_sft(demos)
     `train_policy=False` (critic warm-up) keeps only the value term. Each minibatch is split into
     `cfg.gradient_accumulation_steps` micro-batches whose gradients add up to the minibatch's. Under `accelerate
-    launch` (`dist`, see `rlhf_lib.ppo.distributed`) each process computes its slice of every minibatch, and the
+    launch` (`group`, see `rlhf_lib.ppo.sharding`) each process computes its slice of every minibatch, and the
     statistics and decisions (NaN guard, early stop) use their sums over processes.
     """
-    dist = dist or Solo()
+    group = group or ProcessGroup(cpu=True)
+    backward = partial(backward_share, group)
     rollout.require("advantages")
     if critic.trains:
         rollout.require("values", "returns")
@@ -140,25 +162,25 @@ def ppo_epochs(
         for start in range(0, b_size, mb_size):
             mb_idx = b_perm[start : start + mb_size]
             mb_tokens = float(rollout.response_mask[mb_idx].sum())
-            rows = dist.local(mb_idx)  # this process's rows of the minibatch: all of them in one process
+            rows = local_rows(mb_idx, group)  # this process's rows of the minibatch: all of them in one process
             micro = len(rows) // cfg.gradient_accumulation_steps
             optimizer.zero_grad(set_to_none=True)
             mb_stats: dict[str, float] = defaultdict(float)
             loss_total = 0.0
             for m0 in range(0, len(rows), micro):
                 part = trim_padding(rollout.minibatch(rows[m0 : m0 + micro]))
-                with dist.accumulating(skip_sync=m0 + micro < len(rows)):
+                with group.no_sync([policy, critic.wrapped], skip=m0 + micro < len(rows)):
                     loss, stats = _micro_backward(policy, critic, part, cfg, train_policy,
-                                                  float(part.response_mask.sum()) / mb_tokens, dist.backward)
+                                                  float(part.response_mask.sum()) / mb_tokens, backward)
                 loss_total += loss
                 for k, v in stats.items():
                     mb_stats[k] += v
             if use_ptx:
-                ptx, share = _ptx_share(policy, ptx_batch(), dist)
-                dist.backward(cfg.ptx_coef * ptx * share)
+                ptx, share = _ptx_share(policy, ptx_batch(), group)
+                backward(cfg.ptx_coef * ptx * share)
                 loss_total += cfg.ptx_coef * float(ptx.detach()) * share
                 mb_stats["ptx_loss"] = float(ptx.detach()) * share
-            loss_total, mb_stats = dist.pooled(loss_total, mb_stats)
+            loss_total, mb_stats = summed(group, loss_total, mb_stats)
             norms, grad_norm = _clip_grad_norms(groups, params, cfg.max_grad_norm)
             # NaN/inf guard: a non-finite loss or gradient never reaches the weights or Adam's moments.
             if not (torch.isfinite(torch.tensor(loss_total)) and torch.isfinite(grad_norm)):

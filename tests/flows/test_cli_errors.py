@@ -1,42 +1,69 @@
-"""Dead services and bad input fail fast with an error that names the place."""
+"""A user's mistakes and dead services end `rlhf` with one message naming the key, file and line, URI or URL, and
+what to do: no traceback unless --debug. Each fails fast, before any training."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+from stages.net import free_port
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+HH = Path(__file__).resolve().parents[1] / "fixtures" / "hh_rlhf" / "harmless-240.jsonl"
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
+    full_env.pop("PREFECT_API_URL", None) if "PREFECT_API_URL" not in env else None
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
-                          env=full_env, timeout=120)
+                          env=full_env, timeout=300)
+
+
+def _one_message(out: subprocess.CompletedProcess) -> str:
+    """The command failed with exit code 2 and its `rlhf:` message, and printed no traceback."""
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out.stderr[out.stderr.index("rlhf: "):]
 
 
 def test_dead_prefect_api_is_named_within_seconds(tmp_path):
-    url = f"http://127.0.0.1:{_dead_port()}/api"
+    url = f"http://127.0.0.1:{free_port()}/api"
     t0 = time.monotonic()
     out = _run("run", "sft", "--preset", "micro", RLHF_HOME=str(tmp_path), PREFECT_API_URL=url)
-    assert out.returncode != 0 and url in out.stderr
+    assert url in _one_message(out) and "rlhf up" in out.stderr
     assert time.monotonic() - t0 < 60  # fails fast, never hangs
 
 
 def test_dead_mlflow_server_is_named(tmp_path):
-    url = f"http://127.0.0.1:{_dead_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     out = _run("run", "sft", "--preset", "micro", RLHF_HOME=str(tmp_path), MLFLOW_TRACKING_URI=url)
-    assert out.returncode != 0 and url in out.stderr
+    assert url in _one_message(out)
 
 
-def test_unknown_preset_and_missing_config_file_are_named(tmp_path):
-    out = _run("run", "full", "--preset", "nope")
-    assert out.returncode != 0 and "unknown preset 'nope'" in out.stderr
-    out = _run("run", "full", "--config", str(tmp_path / "missing.yaml"))
-    assert out.returncode != 0 and "missing.yaml does not exist" in out.stderr
+def test_unknown_preset_key_and_missing_config_file_are_named(tmp_path):
+    assert "unknown preset 'nope'" in _one_message(_run("run", "full", "--preset", "nope"))
+    assert "missing.yaml does not exist" in _one_message(_run("run", "full", "--config", str(tmp_path / "missing.yaml")))
+    message = _one_message(_run("run", "full", "--set", "ppo.kl_coeff=1"))
+    assert message.strip() == "rlhf: bad config: --set: unknown config key 'ppo.kl_coeff'"
+
+
+def test_a_bad_data_row_names_file_line_and_field_and_how_to_skip_it(tmp_path):
+    # Real HH-RLHF data: row 69 of the fixture ends with "Assistant:" and no reply.
+    out = _run("run", "sft", "--preset", "micro", "--set", f"data.preferences={HH}", RLHF_HOME=str(tmp_path))
+    message = _one_message(out)
+    assert f"rlhf: bad data: {HH}:69: field 'chosen': the conversation ends with an empty assistant reply" in message
+    assert f"1 of the 240 rows of {HH} are bad" in message and "--set data.on_bad_row=skip" in message
+    assert "Encountered exception" not in out.stderr  # Prefect's traceback of the failed flow run stays off
+
+
+def test_a_missing_model_version_is_named_before_any_work(tmp_path):
+    out = _run("run", "ppo", "--preset", "micro", "--reward-model", "models:/rlhf-reward/7", RLHF_HOME=str(tmp_path))
+    assert "no registered model models:/rlhf-reward/7" in _one_message(out)
+    assert "data: running" not in out.stderr  # nothing ran
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    out = _run("--debug", "run", "full", "--set", "ppo.kl_coeff=1")
+    assert out.returncode != 0 and "Traceback" in out.stderr and "ConfigError" in out.stderr

@@ -42,7 +42,7 @@ def test_hh_pairs_run_sft_rm_ppo_eval_without_a_judge(hh_run):
     assert 0.0 <= ev["rm_win_rate_vs_sft"] <= 1.0 and 0.0 <= ev["reward_model_accuracy"] <= 1.0
     assert math.isfinite(ev["kl_to_ref"]) and math.isfinite(ev["reward_mean"]) and ev["truncated_prompts"] > 0
     data = metrics(hh_run, "data")
-    assert data.metrics["data/skipped_preferences"] == 1 and data.metrics["data/skipped_preferences/empty_text"] == 1
+    assert data.metrics["data/skipped_preferences"] == 1 and data.metrics["data/skipped_preferences/empty_reply"] == 1
     assert data.metrics["data/rows_eval_pairs"] == 24 and data.tags["rlhf.data.preferences_format"] == "hh"
     # HH prompts are long: the micro model's 64 positions cut them on the left, and the stages say how often.
     assert metrics(hh_run, "sft").metrics["sft/truncated_prompts"] > 0
@@ -85,8 +85,7 @@ def _local_model(path: Path, corpus: list[str], vocab: int, template: str | None
 
 def test_local_policy_with_chat_template_and_reward_model_with_its_own_tokenizer(hh_run, tmp_path):
     from flows.pipeline import rlhf
-    from rlhf_lib.models import load_tokenizer
-    from rlhf_lib.ppo.retokenize import same_tokenizer
+    from rlhf_lib.models import load_tokenizer, same_tokenizer
     from stages.tracking import download
 
     def turn(role, content):

@@ -12,16 +12,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from flows import services
+from flows import procs, services
 from flows.prefect_tuning import SERVER_BATCHING
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from stages.net import free_port
 
 
 def _status_code(url: str) -> int:
@@ -48,7 +44,7 @@ def _pid_exists(pid: int) -> bool:
 
 @pytest.fixture
 def ports(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
-    prefect_port, mlflow_port = _free_port(), _free_port()
+    prefect_port, mlflow_port = free_port(), free_port()
     monkeypatch.setenv("RLHF_HOST", "127.0.0.1")
     monkeypatch.setenv("RLHF_PREFECT_PORT", str(prefect_port))
     monkeypatch.setenv("RLHF_MLFLOW_PORT", str(mlflow_port))
@@ -128,6 +124,10 @@ def test_stale_pid_file_is_ignored(state: Path) -> None:
     (sdir / "prefect.pid").write_text("999999999\n")  # beyond pid_max: surely not running
     st = services.status(state)
     assert st["prefect"]["pid"] == 999999999 and not st["prefect"]["alive"] and not st["prefect"]["healthy"]
+    # A pid the OS gave to another process since (here: this test's own) is not the service.
+    (sdir / "mlflow.pid").write_text(f"{os.getpid()} 12345.0\n")
+    assert not services.status(state)["mlflow"]["alive"] and procs.live_pid(state, "mlflow") is None
+    assert procs.alive(os.getpid()) and procs.alive(os.getpid(), psutil.Process().create_time())
     assert services.running_prefect_api(state) is None
     assert services.down(state) == []
     assert not (sdir / "prefect.pid").exists()
@@ -140,8 +140,8 @@ def test_failed_start_names_service_url_and_log_and_rolls_back(
     prefect_port, _ = ports
     real = services._services
 
-    def fake(state_: Path, ep: services._Endpoints) -> dict[str, services._Service]:
-        specs = real(state_, ep)
+    def fake(state_: Path, ep: services._Endpoints, preset: str = "demo") -> dict[str, services.Service]:
+        specs = real(state_, ep, preset)
         return {
             **specs,
             "prefect": dataclasses.replace(
@@ -153,19 +153,19 @@ def test_failed_start_names_service_url_and_log_and_rolls_back(
         }
 
     spawned: list[int] = []
-    real_spawn = services._spawn
+    real_spawn = services.spawn
 
-    def recording_spawn(state_: Path, svc: services._Service) -> int:
+    def recording_spawn(state_: Path, svc: services.Service) -> int:
         spawned.append(real_spawn(state_, svc))
         return spawned[-1]
 
     monkeypatch.setattr(services, "_services", fake)
-    monkeypatch.setattr(services, "_spawn", recording_spawn)
+    monkeypatch.setattr(services, "spawn", recording_spawn)
     with pytest.raises(RuntimeError) as err:
         services.up(state, with_serve=False, timeout_s=10)
     msg = str(err.value)
     assert "prefect" in msg and f"http://127.0.0.1:{prefect_port}" in msg and "boom: no database" in msg
     assert len(spawned) == 2
     time.sleep(0.2)
-    assert not any(services._pid_alive(p) for p in spawned)
+    assert not any(procs.alive(p) for p in spawned)
     assert not list((state / "services").glob("*.pid"))

@@ -9,7 +9,6 @@ screenshot is saved in the test's tmp dir (`pytest --basetemp=...` to keep them 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,6 +18,7 @@ from mlflow import MlflowClient
 
 from flows import services
 from flows.cli import load_config
+from stages.net import free_port
 
 pytestmark = pytest.mark.skipif(
     shutil.which("chromium") is None, reason="Debian's chromium is not installed; .ci/run installs it"
@@ -28,12 +28,6 @@ STAGES = ["data", "sft", "reward", "ppo", "eval"]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1400,900"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chromium(url: str, shot: Path, budget_ms: int) -> str:
@@ -67,12 +61,12 @@ def stack(tmp_path_factory):
     from flows.pipeline import rlhf
 
     state = tmp_path_factory.mktemp("rlhf-home")
-    prefect_port = _free_port()
+    prefect_port = free_port()
     with pytest.MonkeyPatch.context() as mp:  # restores RLHF_HOME & co. afterwards
         mp.setenv("RLHF_HOME", str(state))
         mp.setenv("RLHF_HOST", "127.0.0.1")
         mp.setenv("RLHF_PREFECT_PORT", str(prefect_port))
-        mp.setenv("RLHF_MLFLOW_PORT", str(_free_port()))
+        mp.setenv("RLHF_MLFLOW_PORT", str(free_port()))
         try:
             with pytest.MonkeyPatch.context() as server_env:  # seen only by the servers `up` spawns
                 server_env.setenv("PREFECT_UI_ENABLED", "true")  # conftest turns the UI off

@@ -1,3 +1,6 @@
+"""The process group and the supervised stages' batch splitting, with one process (the launched group is tested
+against one process in tests/stages/test_launch.py and tests/stages/test_ppo_loop.py)."""
+
 from __future__ import annotations
 
 import math
@@ -5,7 +8,8 @@ import math
 import pytest
 import torch
 
-from rlhf_lib.distributed import Distributed, shard, share_factor
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.training import SupervisedRun, global_share, shard, share_factor, weighted_mean
 
 
 def test_shard_is_contiguous_and_covers_the_batch_once():
@@ -28,31 +32,32 @@ def test_shares_average_to_the_global_mean():
     assert share_factor(5, 5, 1) == 1.0  # one process: the local mean unchanged
 
 
-def test_one_process_is_plain_pytorch(tiny_policy):
-    dist = Distributed()
-    assert (dist.rank, dist.world) == (0, 1)
+def test_one_process_is_plain_pytorch():
+    group = ProcessGroup()
+    assert (group.rank, group.world, group.is_main) == (0, 1, True)
     loss = torch.tensor(1.5)
-    share, total = dist.global_share(loss, 7.0, torch.zeros(2))
+    share, total = global_share(group, loss, 7.0, torch.zeros(2))
     assert share is loss and total == 7.0
-    assert dist.pooled({"accuracy": 0.25}, 4) == {"accuracy": 0.25}
+    assert weighted_mean(group, {"accuracy": 0.25}, 4) == {"accuracy": 0.25}
+    assert group.sum([1, 2.5]) == [1.0, 2.5] and group.max([3]) == [3]
+    x = torch.arange(4).reshape(2, 2)
+    assert group.gather(x) is x and group.gather_objects("a") == ["a"] and group.broadcast(True) is True
 
 
 def test_a_non_finite_loss_is_refused_before_touching_the_weights(tiny_policy):
-    dist = Distributed()
-    opt = torch.optim.AdamW(tiny_policy.parameters(), lr=1.0)
-    model, opt = dist.prepare(tiny_policy, opt)
-    before = [p.detach().clone() for p in model.parameters()]
-    logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    run = SupervisedRun(ProcessGroup(), tiny_policy, torch.optim.AdamW(tiny_policy.parameters(), lr=1.0))
+    before = [p.detach().clone() for p in run.model.parameters()]
+    logits = run.model(input_ids=torch.tensor([[1, 2, 3]])).logits
     with pytest.raises(FloatingPointError, match="SFT loss is nan at step 3"):
-        dist.step(logits.sum() * math.nan, opt, None, 1.0, "SFT", 3)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        run.step(logits.sum() * math.nan, None, 1.0, "SFT", 3)
+    assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
 
 
 def test_fp16_without_a_gpu_names_the_key():
     if torch.cuda.is_available():
         pytest.skip("fp16 is allowed with a GPU")
     with pytest.raises(ValueError, match="resources.mixed_precision=fp16 needs a CUDA GPU"):
-        Distributed("fp16")
+        ProcessGroup("fp16")
 
 
 def test_bf16_and_gradient_checkpointing_train_in_one_process(tiny_tokenizer, tiny_policy):
@@ -61,10 +66,10 @@ def test_bf16_and_gradient_checkpointing_train_in_one_process(tiny_tokenizer, ti
     from rlhf_lib.data.records import SFTExample
     from rlhf_lib.sft import train_sft
 
-    Distributed("no")
+    ProcessGroup("no")
     ex = [SFTExample("\n\nHuman: hi\n\nAssistant:", " Sure, topic 1 is nice.")] * 4
-    dist = Distributed("bf16", gradient_checkpointing=True)
-    final = train_sft(tiny_policy, tiny_tokenizer, ex, SFTConfig(epochs=1, batch_size=2, max_length=32), dist=dist)
+    final, _ = train_sft(tiny_policy, tiny_tokenizer, ex, SFTConfig(epochs=1, batch_size=2, max_length=32),
+                         group=ProcessGroup("bf16"), gradient_checkpointing=True)
     assert math.isfinite(final["sft/final_loss_ema"]) and final["sft/steps"] == 2
     assert not tiny_policy.training
     assert not getattr(tiny_policy, "is_activation_checkpointing", tiny_policy.is_gradient_checkpointing)
@@ -72,7 +77,7 @@ def test_bf16_and_gradient_checkpointing_train_in_one_process(tiny_tokenizer, ti
 
 
 def test_prepare_turns_on_checkpointing_and_autocast(tiny_policy):
-    dist = Distributed("bf16", gradient_checkpointing=True)
-    model, _ = dist.prepare(tiny_policy, torch.optim.AdamW(tiny_policy.parameters()))
-    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
-    assert hasattr(model, "_original_forward")  # Accelerate's autocast forward
+    run = SupervisedRun(ProcessGroup("bf16"), tiny_policy, torch.optim.AdamW(tiny_policy.parameters()),
+                        gradient_checkpointing=True)
+    assert getattr(run.model, "is_activation_checkpointing", None) or run.model.is_gradient_checkpointing
+    assert hasattr(run.model, "_original_forward")  # Accelerate's autocast forward

@@ -9,14 +9,10 @@ import torch
 
 from rlhf_lib.config import ResourcesConfig, RewardConfig, SFTConfig
 from rlhf_lib.data.records import RankedExample, SFTExample
+from rlhf_lib.events import Metrics, Recorder
 from rlhf_lib.models import build_scalar_model
-from stages.launch import (
-    LaunchError,
-    numerics_section,
-    resolve_config,
-    root_cause,
-    train_supervised,
-)
+from stages.launch import LaunchError, resolve_config, root_cause
+from stages.supervised import numerics_section, train_supervised
 
 TWO = ResourcesConfig(num_processes=2, accelerate_config="cpu_gloo.yaml")
 
@@ -38,11 +34,11 @@ def _rm_data():
 def test_two_gloo_processes_match_one(kind, tiny_tokenizer, tiny_policy):
     model = tiny_policy if kind == "sft" else build_scalar_model(tiny_policy, seed=0)
     examples, cfg = _sft_data() if kind == "sft" else _rm_data()
-    one, two = [], []
-    m1, f1 = train_supervised(kind, ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg,
-                              lambda s, m: one.append((s, m)))
-    m2, f2 = train_supervised(kind, TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg,
-                              lambda s, m: two.append((s, m)))
+    rec1, rec2 = Recorder(), Recorder()
+    m1, f1 = train_supervised(kind, ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec1)
+    m2, f2 = train_supervised(kind, TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec2)
+    one = [(e.step, e.values) for e in rec1.of(Metrics)]
+    two = [(e.step, e.values) for e in rec2.of(Metrics)]
     assert [s for s, _ in one] == [s for s, _ in two] == list(range(int(f1[f"{kind}/steps"])))
     loss = f"{kind}/loss"
     for (_, a), (_, b) in zip(one, two):  # the same loss curve, step by step
@@ -62,7 +58,7 @@ def test_a_failing_worker_raises_with_its_stderr(tiny_tokenizer, tiny_policy):
     bad = [RankedExample("\n\nHuman: hi\n\nAssistant:", (" Sure.",))] * 2
     rm = build_scalar_model(tiny_policy, seed=0)
     with pytest.raises(LaunchError, match=r"exited with \d+: \[rank\d\]: RuntimeError: max\(\)"):
-        train_supervised("reward", TWO, rm, tiny_tokenizer, bad, RewardConfig(batch_size=2), lambda s, m: None)
+        train_supervised("reward", TWO, rm, tiny_tokenizer, bad, RewardConfig(batch_size=2), Recorder())
 
 
 def test_root_cause_is_the_first_worker_exception():

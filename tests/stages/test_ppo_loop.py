@@ -19,41 +19,17 @@ import pytest
 import torch
 
 from rlhf_lib.config import PipelineConfig, ResourcesConfig
+from rlhf_lib.events import Checkpoint, Metrics, Recorder, Resumed
+from rlhf_lib.model_dirs import load_causal_lm, save_model
 from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from rlhf_lib.ppo.checkpoint import load_checkpoint
+from rlhf_lib.ppo.loop import PPOJob, build_trainer, launched, ppo_loop
 from stages.launch import run_job
-from stages.models_io import load_causal_lm, save_model
-from stages.ppo_loop import build_trainer, ppo_job, ppo_loop
 
 TWO = ResourcesConfig(num_processes=2, accelerate_config="cpu_gloo.yaml")
 PROMPTS = [f"\n\nHuman: tell me about topic {i}" + " please" * (i % 3) + "\n\nAssistant:" for i in range(12)]
 DEMOS = [(p, " Sure, topic 1 is nice.") for p in PROMPTS]
 BASE = dict(iterations=3, batch_size=8, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3, rm_offset_samples=0)
-
-
-class Recorder:
-    """A sink that keeps what the loop reports (and, given a directory, saves checkpoints there)."""
-
-    def __init__(self, root: Path | None = None):
-        self.metrics_rows: list[tuple[int, dict[str, float]]] = []
-        self.checkpoints: list[Path] = []
-        self.root = root
-
-    def metrics(self, stats, step):
-        self.metrics_rows.append((step, stats))
-
-    def table(self, rows, path):
-        pass
-
-    def tags(self, tags):
-        pass
-
-    def warn(self, message):
-        pass
-
-    def checkpoint(self, trainer):
-        if self.root is not None:
-            self.checkpoints.append(save_checkpoint(trainer, checkpoint_dir(self.root, trainer.iteration)))
 
 
 def _models(tmp: Path, tokenizer, policy) -> tuple[Path, Path]:
@@ -69,18 +45,30 @@ def _config(**ppo) -> PipelineConfig:
                                           "ppo": {**BASE, **ppo}})
 
 
-def _launch(tmp: Path, cfg: PipelineConfig, sft: Path, rm: Path, resume=()) -> list[dict]:
-    events: list[dict] = []
+def _job(tmp: Path, cfg: PipelineConfig, sft: Path, rm: Path, resume=()) -> PPOJob:
+    return PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft), reward_dir=str(rm), prompts=PROMPTS,
+                  out_dir=str(tmp / "out"), ptx=DEMOS if cfg.ppo.ptx_coef else [], resume=[str(p) for p in resume])
+
+
+def _launch(tmp: Path, cfg: PipelineConfig, sft: Path, rm: Path, resume=()) -> Recorder:
+    events = Recorder()
     (tmp / "launch").mkdir()
-    job = ppo_job(cfg, sft, rm, PROMPTS, DEMOS if cfg.ppo.ptx_coef else [], False, tmp / "out", resume)
-    run_job(job, TWO, tmp / "launch", events.append, torch_threads=2, mixed_precision="no")
+    run_job(launched, _job(tmp, cfg, sft, rm, resume).to_dict(), TWO, tmp / "launch", events, torch_threads=2,
+            mixed_precision="no")
     return events
 
 
-def _assert_same_metrics(one: list[tuple[int, dict]], events: list[dict]) -> None:
-    two = [(e["args"][1], e["args"][0]) for e in events if e["event"] == "metrics"]
-    assert [s for s, _ in two] == [s for s, _ in one]
-    for (_, a), (_, b) in zip(one, two):
+def _one(tmp: Path, cfg: PipelineConfig, sft: Path, rm: Path):
+    """The same run in this process, bare: its trainer and events (checkpoints under tmp/one)."""
+    one = Recorder()
+    trainer = build_trainer(_job(tmp, cfg, sft, rm))
+    ppo_loop(trainer, one, cfg.ppo.iterations, tmp / "one")
+    return trainer, one
+
+
+def _assert_same_metrics(one: list[Metrics], two: list[Metrics]) -> None:
+    assert [m.step for m in two] == [m.step for m in one]
+    for a, b in ((x.values, y.values) for x, y in zip(one, two)):
         assert a.keys() == b.keys()
         for k in a:
             if k.startswith("time/"):
@@ -103,16 +91,14 @@ def test_ppo_two_gloo_processes_match_one(tmp_path, tiny_tokenizer, tiny_policy)
     sft, rm = _models(tmp_path, tiny_tokenizer, tiny_policy)
     cfg = _config(rm_offset_samples=8, whiten_rewards=True, ptx_coef=0.1, ptx_batch_size=4,
                   gradient_accumulation_steps=2, checkpoint_every=2)
-    one = Recorder()
-    trainer = build_trainer(cfg, sft, rm, PROMPTS, DEMOS)
-    ppo_loop(trainer, one, cfg.ppo.iterations)
+    trainer, one = _one(tmp_path, cfg, sft, rm)
     events = _launch(tmp_path, cfg, sft, rm)
-    _assert_same_metrics(one.metrics_rows, events)
-    assert one.metrics_rows[-1][1]["objective/kl_coef"] != cfg.ppo.kl_coef  # the adaptive beta moved, alike
+    _assert_same_metrics(one.of(Metrics), events.of(Metrics))
+    assert one.of(Metrics)[-1].values["objective/kl_coef"] != cfg.ppo.kl_coef  # the adaptive beta moved, alike
     _assert_same_weights(trainer, tmp_path / "out", copy.deepcopy(tiny_policy.state_dict()))
     # The main process saved checkpoints after iterations 2 and 3; the last holds the launched run's final state
     # and loads into a one-process trainer.
-    ckpts = [Path(e["args"][0]) for e in events if e["event"] == "checkpoint_dir"]
+    ckpts = [Path(e.path) for e in events.of(Checkpoint)]
     assert [c.name for c in ckpts] == ["iter_000002", "iter_000003"]
     load_checkpoint(trainer, ckpts[-1])
     launched, _ = load_causal_lm(tmp_path / "out")
@@ -125,20 +111,19 @@ def test_launched_ppo_resumes_a_one_process_checkpoint(tmp_path, tiny_tokenizer,
     # skipping a damaged newer checkpoint, and continues as that run did.
     sft, rm = _models(tmp_path, tiny_tokenizer, tiny_policy)
     cfg = _config(critic="shared", critic_warmup=1, lora=True, lr=1e-2, early_stop_kl=1e-6, checkpoint_every=1)
-    one = Recorder(tmp_path / "ckpt")
-    trainer = build_trainer(cfg, sft, rm, PROMPTS, [])
-    ppo_loop(trainer, one, cfg.ppo.iterations)
-    damaged = one.checkpoints[1]
+    trainer, one = _one(tmp_path, cfg, sft, rm)
+    checkpoints = [Path(e.path) for e in one.of(Checkpoint)]
+    damaged = checkpoints[1]
     (damaged / "policy.safetensors").write_bytes(b"not a safetensors file")
-    events = _launch(tmp_path, cfg, sft, rm, resume=[damaged, one.checkpoints[0]])
-    assert [e["args"] for e in events if e["event"] == "resumed"] == [["iter_000001", 1]]
-    _assert_same_metrics(one.metrics_rows[1:], events)
-    assert any(m["update/epochs"] < cfg.ppo.epochs for _, m in one.metrics_rows)  # the early stop fired
+    events = _launch(tmp_path, cfg, sft, rm, resume=[damaged, checkpoints[0]])
+    assert events.of(Resumed) == [Resumed("iter_000001", 1)]
+    _assert_same_metrics(one.of(Metrics)[1:], events.of(Metrics))
+    assert any(m.values["update/epochs"] < cfg.ppo.epochs for m in one.of(Metrics))  # the early stop fired
     _assert_same_weights(trainer, tmp_path / "out", copy.deepcopy(tiny_policy.state_dict()))
 
 
 def test_the_launched_worker_imports_neither_prefect_nor_mlflow():
-    code = ("import sys, stages.launch, stages.ppo_loop\n"
+    code = ("import sys, stages.launch, rlhf_lib.ppo.loop, rlhf_lib.sft, rlhf_lib.reward\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] in ('prefect', 'mlflow')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

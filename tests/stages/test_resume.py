@@ -44,7 +44,8 @@ def test_killed_ppo_resumes_to_the_uninterrupted_result(tmp_path):
     proc = subprocess.Popen(CMD, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 300
-    while not list(home.glob("mlartifacts/*/artifacts/checkpoints/iter_000002/state.json")):
+    # The marker is logged after the checkpoint's files: only then is it a checkpoint resume can use.
+    while not list(home.glob("mlartifacts/*/artifacts/checkpoints/iter_000002/COMPLETE")):
         assert proc.poll() is None and time.monotonic() < deadline, "PPO ended before its first checkpoint"
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -36,7 +36,7 @@ def test_responses_sharing_a_first_word_keep_it():
     ("\n\nHuman: hi", "\n\nHuman: hi" + A + " b", "no assistant turn", "chosen"),
     ("\n\nHuman: hi" + A + " a", "Human: hi Assistant: b", "no assistant turn", "rejected"),
     ("\n\nHuman: hi" + A + " a", "\n\nHuman: yo" + A + " b", "no shared prompt", "rejected"),
-    ("\n\nHuman: hi" + A + "  ", "\n\nHuman: hi" + A + " b", "empty text", "chosen"),
+    ("\n\nHuman: hi" + A + "  ", "\n\nHuman: hi" + A + " b", "empty reply", "chosen"),
     ("\n\nHuman: hi" + A + " same", "\n\nHuman: hi" + A + " same", "chosen equals rejected", "rejected"),
 ])
 def test_bad_pairs(chosen, rejected, kind, field):

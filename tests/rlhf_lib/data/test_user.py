@@ -40,7 +40,7 @@ BAD = [
     (hh(1), b'{"chosen": "x", ', "invalid json", None, "invalid JSON"),
     (hh(1), {"chosen": hh(2)["chosen"]}, "missing field", "rejected", "missing field 'rejected'"),
     (hh(1), {"chosen": hh(2)["chosen"], "rejected": 3}, "wrong type", "rejected", "expected a string, got int"),
-    (hh(1), hh(2, a="  "), "empty text", "chosen", "empty"),
+    (hh(1), hh(2, a="  "), "empty reply", "chosen", "empty assistant reply"),
     (hh(1), b'{"chosen": "\xff\xfe", "rejected": "b"}', "invalid utf-8", None, "invalid UTF-8"),
     (hh(1), {"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: ho"}, "no assistant turn", "chosen", "Assistant:"),
     (hh(1), hh(2, a=" same", b=" same "), "chosen equals rejected", "rejected", "identical"),
@@ -74,11 +74,12 @@ def test_a_format_that_cannot_be_told_fails_even_when_skipping(tmp_path):
 
 
 def test_the_hh_fixture_reads_with_one_real_bad_row():
-    with pytest.raises(DataError, match=r"harmless-240.jsonl:69: field 'chosen': the last assistant turn: empty"):
+    with pytest.raises(DataError, match=r"harmless-240.jsonl:69: field 'chosen': the conversation ends with an empty "
+                       r"assistant reply"):
         build_user_task(DataConfig(preferences=str(HH)), Renderer())
     task = build_user_task(DataConfig(preferences=str(HH), on_bad_row="skip"), Renderer())
     report = task.sources["preferences"]
-    assert (report.format, report.rows, report.skipped) == ("hh", 239, {"empty text": 1})
+    assert (report.format, report.rows, report.skipped) == ("hh", 239, {"empty reply": 1})
     n = {k: len(v) for k, v in task.records.items()}
     assert n["prompts_eval"] == 24 and n["eval_pairs"] == 24 and n["preferences"] == 215  # 239 distinct prompts, 10 %
     assert all(p.prompt.endswith(A) for p in task.records["prompts_eval"])

@@ -73,13 +73,13 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tiny_tokenizer, tmp_pat
     extra = load_checkpoint(c, path)
     assert extra == {"reward_ema": 0.25}
     assert c.iteration == 1
-    assert c.m.policy.lm_head.weight is c.m.policy.transformer.wte.weight  # tied weights stay tied
+    assert c.models.policy.lm_head.weight is c.models.policy.transformer.wte.weight  # tied weights stay tied
     c_stats = _stats(c, 2)
 
     assert c_stats == a_stats[1:]
     assert c.iteration == a.iteration == 3
     assert c.kl_ctl.state_dict() == a.kl_ctl.state_dict()
-    _assert_same_weights(c.m.policy, a.m.policy)
+    _assert_same_weights(c.models.policy, a.models.policy)
     _assert_same_weights(c.critic.module, a.critic.module)
     assert c.extra_state() == a.extra_state()
     sa, sc = a.optimizer.state_dict(), c.optimizer.state_dict()
@@ -123,43 +123,32 @@ def test_no_pickle_on_save_or_load(tiny_tokenizer, tmp_path, monkeypatch):
             m.setattr(pickle, name, forbidden)
         m.setattr(torch, "load", forbidden)
         load_checkpoint(_fresh_trainer(tiny_tokenizer), tmp_path / "ck")
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == sorted(ckpt.REQUIRED_FILES)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == sorted(ckpt.FILES)
     json.loads((tmp_path / "ck" / "state.json").read_text())  # plain JSON
 
 
-def test_failed_save_leaves_no_checkpoint_under_the_final_name(tiny_tokenizer, tmp_path, monkeypatch):
+def test_a_failed_save_is_never_complete(tiny_tokenizer, tmp_path, monkeypatch):
+    # The marker is written last: a save that dies half-way leaves a directory that nothing loads or picks.
     trainer = _fresh_trainer(tiny_tokenizer)
+    save_checkpoint(trainer, tmp_path / "iter_000001")
     calls = []
 
     def failing_save_file(tensors, filename, metadata=None):
         calls.append(filename)
-        if len(calls) == 3:  # policy and value written, then the optimizer fails
-            raise OSError("disk full")
-        save_file(tensors, filename, metadata=metadata)
+        raise OSError("disk full")
 
     monkeypatch.setattr(ckpt, "save_file", failing_save_file)
     with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(trainer, tmp_path / "iter_000002")
+    with pytest.raises(OSError, match="disk full"):  # an overwrite loses its marker first
         save_checkpoint(trainer, tmp_path / "iter_000001")
-    assert len(calls) == 3
-    assert list(tmp_path.iterdir()) == []  # neither the final name nor the temporary directory
+    assert len(calls) == 2
     assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(ValueError, match="missing file COMPLETE"):
+        load_checkpoint(trainer, tmp_path / "iter_000002")
 
 
-def test_failed_overwrite_keeps_the_old_checkpoint(tiny_tokenizer, tmp_path, monkeypatch):
-    trainer = _fresh_trainer(tiny_tokenizer)
-    save_checkpoint(trainer, tmp_path / "iter_000000", extra={"v": 1})
-    monkeypatch.setattr(ckpt, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
-        save_checkpoint(trainer, tmp_path / "iter_000000", extra={"v": 2})
-    monkeypatch.undo()
-    assert [p.name for p in tmp_path.iterdir()] == ["iter_000000"]
-    assert load_checkpoint(trainer, tmp_path / "iter_000000") == {"v": 1}
-    save_checkpoint(trainer, tmp_path / "iter_000000", extra={"v": 3})  # a successful overwrite replaces it
-    assert [p.name for p in tmp_path.iterdir()] == ["iter_000000"]
-    assert load_checkpoint(trainer, tmp_path / "iter_000000") == {"v": 3}
-
-
-@pytest.mark.parametrize("missing", ckpt.REQUIRED_FILES)
+@pytest.mark.parametrize("missing", ckpt.FILES)
 def test_missing_file_is_a_value_error_naming_it(tiny_tokenizer, tmp_path, missing):
     trainer = _fresh_trainer(tiny_tokenizer)
     path = save_checkpoint(trainer, tmp_path / "ck")
@@ -177,11 +166,11 @@ def test_mismatched_parameter_names_are_a_value_error(tiny_tokenizer, tmp_path):
     save_file(tensors, str(path / "policy.safetensors"))
 
     fresh = _fresh_trainer(tiny_tokenizer)
-    before = copy.deepcopy(fresh.m.value.state_dict())
+    before = copy.deepcopy(fresh.models.value.state_dict())
     with pytest.raises(ValueError, match=r"policy\.safetensors.*transformer\.wpe\.weight.*transformer\.wpe\.renamed"):
         load_checkpoint(fresh, path)
     assert fresh.iteration == 0  # validation happens before anything is restored
-    _assert_same_weights_dict(before, fresh.m.value.state_dict())
+    _assert_same_weights_dict(before, fresh.models.value.state_dict())
 
 
 def _assert_same_weights_dict(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -194,7 +183,7 @@ def test_latest_checkpoint_picks_the_newest_complete_one(tiny_tokenizer, tmp_pat
     trainer = _fresh_trainer(tiny_tokenizer)
     for it in (2, 10, 11):
         save_checkpoint(trainer, checkpoint_dir(tmp_path, it))
-    (tmp_path / "iter_000011" / "state.json").unlink()  # incomplete
-    (tmp_path / ".iter_000012.tmp-abc").mkdir()  # a crashed save
+    (tmp_path / "iter_000011" / "COMPLETE").unlink()  # a crashed save
+    (tmp_path / "iter_000012").mkdir()  # one that crashed at once
     (tmp_path / "notes").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "iter_000010"

@@ -26,8 +26,8 @@ def _trainer(tokenizer, policy, cfg=CFG):
 def test_only_adapters_train_and_the_reference_is_the_base_policy(tiny_tokenizer, tiny_policy):
     base = copy.deepcopy(tiny_policy)
     trainer = _trainer(tiny_tokenizer, tiny_policy)
-    assert trainer.m.ref is None
-    trained = [n for n, p in trainer.m.policy.named_parameters() if p.requires_grad]
+    assert trainer.models.ref is None
+    trained = [n for n, p in trainer.models.policy.named_parameters() if p.requires_grad]
     assert trained and all("lora_" in n for n in trained)
     ro, stats = trainer.step()
     assert abs(stats["objective/kl"]) < 1e-4  # iteration 0: adapters are a no-op (B = 0)
@@ -42,7 +42,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_policy(tiny_tokenizer
     torch.testing.assert_close(ro.ref_logprobs, expected, atol=1e-5, rtol=1e-5)
     # Base weights never moved.
     base_sd = base.state_dict()
-    for name, t in trainer.m.policy.state_dict().items():
+    for name, t in trainer.models.policy.state_dict().items():
         plain = name.replace("base_layer.", "")
         if "lora_" not in name and plain in base_sd:
             assert torch.equal(t, base_sd[plain]), name
@@ -57,7 +57,7 @@ def test_export_merges_the_adapters_into_a_plain_model(tiny_tokenizer, tiny_poli
     assert not any("lora_" in n for n, _ in exported.named_parameters())
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        torch.testing.assert_close(exported(x).logits, trainer.m.policy(x).logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(exported(x).logits, trainer.models.policy(x).logits, atol=1e-5, rtol=1e-5)
 
 
 def test_lora_with_a_shared_critic_runs(tiny_tokenizer, tiny_policy):

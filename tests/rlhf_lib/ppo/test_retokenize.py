@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
-from rlhf_lib.ppo.retokenize import decode_prompts, retokenized_scores, same_tokenizer
+from rlhf_lib.models import build_policy, build_scalar_model, same_tokenizer, train_tokenizer
+from rlhf_lib.ppo.retokenize import decode_prompts, retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts
 from rlhf_lib.ppo.scoring import sequence_scores
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer

@@ -41,9 +41,9 @@ def test_one_iteration_fills_the_rollout_and_logs_finite_metrics(tiny_tokenizer,
 
 def test_policy_and_value_move_reference_and_reward_do_not(tiny_tokenizer, tiny_policy):
     trainer = _make(tiny_tokenizer, tiny_policy)
-    before = {k: copy.deepcopy(getattr(trainer.m, k).state_dict()) for k in ("policy", "ref", "reward", "value")}
+    before = {k: copy.deepcopy(getattr(trainer.models, k).state_dict()) for k in ("policy", "ref", "reward", "value")}
     trainer.step()
-    changed = {k: any(not torch.equal(v, getattr(trainer.m, k).state_dict()[n]) for n, v in before[k].items())
+    changed = {k: any(not torch.equal(v, getattr(trainer.models, k).state_dict()[n]) for n, v in before[k].items())
                for k in before}
     assert changed == {"policy": True, "ref": False, "reward": False, "value": True}
 
@@ -87,7 +87,7 @@ def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_token
     import pytest
 
     trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}))
-    before = copy.deepcopy(trainer.m.policy.state_dict())
+    before = copy.deepcopy(trainer.models.policy.state_dict())
     real_score = trainer.score
 
     def nan_score(ro):
@@ -98,7 +98,7 @@ def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_token
     _, stats = trainer.step()
     assert stats["update/refused_steps"] == CFG.epochs * CFG.minibatches
     assert math.isnan(stats["loss/policy"])
-    assert all(torch.equal(v, trainer.m.policy.state_dict()[k]) for k, v in before.items())
+    assert all(torch.equal(v, trainer.models.policy.state_dict()[k]) for k, v in before.items())
     with pytest.raises(FloatingPointError, match="2 iterations in a row"):
         trainer.step()
 
@@ -130,7 +130,7 @@ def test_scoring_in_row_chunks_gives_the_one_pass_results(tiny_tokenizer, tiny_p
     for estimator in ("gae", "rloo"):
         cfg = CFG.model_copy(update={"advantage_estimator": estimator, "group_size": 2, "rm_offset_samples": 0})
         trainer = PPOTrainer(_trainer(tiny_policy, cfg), prompts, cfg, max_prompt_tokens=32)
-        trainer.m.tokenizer = tiny_tokenizer
+        trainer.models.tokenizer = tiny_tokenizer
         ro = trainer.rollout()
         assert not bool(ro.query_mask.all())  # some prompts are left-padded
         out = {}
@@ -183,10 +183,10 @@ def test_an_engine_samples_the_policy_recomputes_the_logprobs_and_weights_follow
     trainer = _make(tiny_tokenizer, tiny_policy)
     trainer.engine = engine = _StandInEngine(tiny_policy, tiny_tokenizer)
     ro = trainer.rollout()
-    expected, _ = response_logprobs(trainer.m.policy, ro.query.clone(), ro.query_mask.clone(), ro.response.clone(),
+    expected, _ = response_logprobs(trainer.models.policy, ro.query.clone(), ro.query_mask.clone(), ro.response.clone(),
                                     ro.response_mask.clone(), temperature=CFG.temperature)
     torch.testing.assert_close(ro.logprobs, expected)  # the policy's, not the engine's (+5)
     trainer.step()
     assert engine.synced >= 1
-    for a, b in zip(engine.copy.parameters(), trainer.m.policy.parameters(), strict=True):
+    for a, b in zip(engine.copy.parameters(), trainer.models.policy.parameters(), strict=True):
         assert torch.equal(a, b)  # the engine samples from the updated policy

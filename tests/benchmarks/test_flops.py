@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from rlhf_lib.flops import Shape, causal_keys, forward_flops, generate_flops, ppo_iteration_flops
+from benchmarks.flops import Shape, causal_keys, forward_flops, generate_flops, ppo_iteration_flops
 
 # One layer, d = 2, MLP f = 8 (4 d), vocabulary 3.
 S = Shape(n_layer=1, d=2, vocab=3)

@@ -1,0 +1,115 @@
+"""What `rlhf run` shows on the terminal: a progress bar per training stage (SFT and reward-model steps, PPO
+iterations) with its key figures and an ETA while the pipeline runs, then a short table of the stages, the held-out
+figures and where to look in both UIs.
+
+On a terminal, Prefect's per-run INFO lines are kept off the screen while the bars run (they still reach the Prefect
+server and its UI); warnings, such as PPO alarms, print above the bars. With `--json`, or when stderr is not a
+terminal (CI, a pipe, a log file), nothing is drawn and Prefect's log lines print as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+
+from rich.console import Console as RichConsole
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from flows.errors import quiet_user_errors
+from stages import progress
+
+
+class _ToProgress(logging.Handler):
+    """Warnings and errors of the run, printed above the bars."""
+
+    def __init__(self, console: RichConsole):
+        super().__init__(logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(f"[yellow]{record.levelname.lower()}[/]: {record.getMessage()}", highlight=False)
+
+
+class Console:
+    def __init__(self, quiet: bool = False, debug: bool = False):
+        self.debug = debug
+        self.live_display = not quiet and sys.stderr.isatty() and not os.environ.get("CI")
+        self.out = RichConsole(stderr=False, highlight=False)
+
+    @contextmanager
+    def live(self):
+        """Around the pipeline run: the bars (on a terminal), and user errors' tracebacks kept off the screen."""
+        if not self.debug:
+            quiet_user_errors()
+        if not self.live_display:
+            yield
+            return
+        bars = Progress(TextColumn("{task.description:<7}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                        TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("eta"),
+                        TimeRemainingColumn(), console=RichConsole(stderr=True), transient=False)
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, step: int, total: int, figures: dict[str, float]) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total, figures="")
+            text = "  ".join(f"{k} {v:.3g}" for k, v in figures.items())
+            bars.update(tasks[stage], completed=step, total=total, figures=text)
+
+        consoles = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+        levels = [h.level for h in consoles]
+        above = _ToProgress(bars.console)
+        with bars:
+            for h in consoles:
+                h.setLevel(logging.CRITICAL + 1)
+            logging.getLogger().addHandler(above)
+            progress.set_reporter(report)
+            try:
+                yield
+            finally:
+                progress.set_reporter(None)
+                logging.getLogger().removeHandler(above)
+                for h, level in zip(consoles, levels):
+                    h.setLevel(level)
+
+    def summary(self, summary: dict) -> None:
+        """The stages (status, time, model), the held-out figures, and where to look."""
+        table = Table(title=f"rlhf run {summary['pipeline']}: {summary['status']} in {summary['seconds']:.0f} s",
+                      title_justify="left")
+        for col in ("stage", "status", "seconds", "model / MLflow run"):
+            table.add_column(col)
+        for stage, s in summary["stages"].items():
+            table.add_row(stage, s["status"], f"{s['seconds']:.1f}", s.get("model_uri") or s["mlflow_run_id"])
+        self.out.print(table)
+        figures = {k: v for k, v in (summary.get("eval") or {}).items() if v is not None}
+        if figures:
+            held = Table(title="held-out evaluation (policy vs SFT)", title_justify="left")
+            held.add_column("figure")
+            held.add_column("value", justify="right")
+            for k, v in figures.items():
+                held.add_row(k, f"{v:.4g}")
+            self.out.print(held)
+        for line in where_to_look(summary):
+            self.out.print(line)
+
+
+def where_to_look(summary: dict) -> list[str]:
+    """Links into the MLflow and Prefect UIs when `rlhf up` runs them, else how to open the local store."""
+    from flows.services import urls
+    from stages.home import state_dir
+    from stages.net import healthy
+
+    u = urls(state_dir())
+    run_id, uri = summary["mlflow_run_id"], summary["mlflow_tracking_uri"]
+    lines = []
+    if healthy(f"{u['mlflow_ui']}/health", 1.0):
+        lines.append(f"MLflow:  {u['mlflow_ui']}/#/experiments/{summary.get('mlflow_experiment_id', '')}/runs/{run_id}")
+    else:
+        lines.append(f"MLflow:  parent run {run_id} in {uri} (see it with `rlhf up`, then {u['mlflow_ui']})")
+    if healthy(f"{u['prefect_api']}/health", 1.0) and os.environ.get("PREFECT_API_URL", "").startswith(u["prefect_ui"]):
+        lines.append(f"Prefect: {u['prefect_ui']}/runs/flow-run/{summary['prefect_flow_run_id']}")
+    if summary["stages"].get("eval"):
+        lines.append(f"report:  report/report.html of MLflow run {summary['stages']['eval']['mlflow_run_id']}")
+    return lines

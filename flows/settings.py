@@ -1,0 +1,46 @@
+"""How the commands build a config: a named preset, then an optional YAML file, then `--set key=value` overrides,
+validated as one typed config (`rlhf_lib.config.build_config`). Errors are `ConfigError`s naming the file or key."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhf_lib.config import ConfigError, PipelineConfig, build_config
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+
+
+def preset_names(dirs: Sequence[Path] = (PRESETS,)) -> list[str]:
+    return sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
+
+
+def preset_layer(name: str, dirs: Sequence[Path] = (PRESETS,)) -> tuple[str, dict[str, Any]]:
+    """The preset `name` as a config layer (origin, values), from the first of `dirs` that has it."""
+    path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), None)
+    if path is None:
+        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(preset_names(dirs))}")
+    return f"preset {name}", _read_yaml(path)
+
+
+def file_layer(path: str) -> tuple[str, dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return str(p), _read_yaml(p)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+
+
+def load_config(preset: str, config_file: str | None = None, sets: Sequence[str] = (),
+                schema: type[PipelineConfig] = PipelineConfig, dirs: Sequence[Path] = (PRESETS,)) -> PipelineConfig:
+    layers = [preset_layer(preset, dirs)] + ([file_layer(config_file)] if config_file else [])
+    return build_config(layers, sets, schema)

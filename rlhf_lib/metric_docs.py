@@ -1,0 +1,141 @@
+"""Every metric the pipeline logs, the run it goes to, what it means, and what a bad value looks like (DESIGN 5.10).
+
+The reference (`docs/reference.md`, `rlhf reference`) is generated from this registry, and tests check that every
+metric the loops log is in it. A `<name>` in a metric's name stands for a family (one metric per file, source or
+reason).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    names: tuple[str, ...]
+    meaning: str
+    bad: str = "—"
+
+
+def _m(names: str, meaning: str, bad: str = "—") -> MetricDoc:
+    return MetricDoc(tuple(names.split()), meaning, bad)
+
+
+PPO = (
+    _m("objective/score_raw", "mean raw RM score of the rollout's responses",
+       "rising while `objective/gold` falls or length runs away: reward hacking"),
+    _m("objective/score", "mean score that enters the reward: raw minus the RM offset (SFT samples average 0), minus "
+       "`ppo.missing_eos_penalty` where EOS is missing, then running-whitened and clipped when configured",
+       "far below the raw score's trend: the EOS penalty is firing"),
+    _m("objective/score_clipfrac", "share of scores `ppo.reward_clip` changed",
+       "above ~0.2: the clip hides the reward signal (raise it)"),
+    _m("objective/kl", "mean per-response KL to the reference, k1 estimator (sum over tokens of log π − log π_ref), "
+       "nats", "many times `ppo.target_kl`: KL blow-up; clearly negative: log-prob mismatch between sampling and "
+       "scoring"),
+    _m("objective/kl_k2 objective/kl_k3", "the same KL with the k2 (½·r²) and k3 ((e^−r − 1) + r) estimators; k3 is "
+       "never negative", "k1 far below k3: a few tokens with very negative log-ratios"),
+    _m("objective/kl_coef", "β, the KL penalty weight used for this rollout (the adaptive controller's state)",
+       "climbing without bound or collapsing to ~0 while KL stays off target"),
+    _m("objective/non_score_reward", "mean per-response sum of −β·KL",
+       "dominating `objective/score`: β too large, the policy cannot move"),
+    _m("objective/reward_total", "mean per-response sum of the shaped reward (score + KL penalty)",
+       "falling for many iterations"),
+    _m("objective/gold", "the gold judge's mean score of the rollout's responses (demo task only; monitoring, never "
+       "part of the reward)", "falling while `objective/score_raw` rises: over-optimisation of the RM"),
+    _m("advantages/mean advantages/std advantages/min advantages/max", "advantages before whitening (GAE, or the "
+       "group estimator of grpo/rloo), over real tokens", "std ~0: nothing to learn from; huge: reward scale problem"),
+    _m("returns/mean returns/std returns/min returns/max value/mean", "value targets and the critic's predictions "
+       "(GAE only)", "`value/mean` diverging from `returns/mean`: critic lag"),
+    _m("value/explained_variance", "1 − Var(returns − values) / Var(returns) on the rollout",
+       "≤ 0 after the first iterations: the critic is lagging"),
+    _m("loss/policy loss/value loss/total", "the clipped surrogate, the clipped value loss, and their weighted sum "
+       "(mean over the update's steps)", "`loss/value` growing: critic diverging; NaN: stop"),
+    _m("loss/ptx", "PPO-ptx: SFT cross-entropy of the policy on demonstrations (`ppo.ptx_coef` > 0)",
+       "rising steadily: the policy is losing what SFT taught it (raise `ppo.ptx_coef`)"),
+    _m("policy/entropy", "mean per-token entropy of the policy on the rollout's tokens, at the sampling temperature",
+       "dropping to ~0 in a few iterations: entropy collapse"),
+    _m("policy/clipfrac", "share of tokens where the clipped surrogate is active",
+       "above ~0.3: steps too large (lower `ppo.lr` or `ppo.epochs`)"),
+    _m("policy/approx_kl", "½·E[(log π − log π_old)²] during the update",
+       "above ~0.05: the update moves the policy too far per rollout"),
+    _m("policy/ratio_mean", "mean π/π_old over the update", "far from 1: stale or mismatched log-probs"),
+    _m("value/clipfrac", "share of tokens where the clipped value term is the larger",
+       "near 1: `ppo.value_clip` too tight for the return scale"),
+    _m("update/refused_steps", "update steps refused because the loss or gradient was NaN/inf (weights and Adam "
+       "state untouched)", "any non-zero value; `ppo.max_refused_iterations` such iterations in a row fail the stage"),
+    _m("grad_norm/total grad_norm/policy grad_norm/value", "gradient norms before the global clip: all parameters, "
+       "the policy's, the critic's", "spikes, or far above `ppo.max_grad_norm` every step (lower `ppo.lr`); NaN"),
+    _m("lr/policy lr/value", "learning rates of the iteration (after `ppo.lr_schedule`)", "not what you configured"),
+    _m("update/epochs", "PPO epochs actually run (fewer than `ppo.epochs` when `ppo.early_stop_kl` fired)",
+       "1 every iteration: the bound is too tight or the lr too high"),
+    _m("update/critic_warmup", "1 during the `ppo.critic_warmup` value-only iterations"),
+    _m("response/length_mean response/length_max", "response tokens including EOS",
+       "mean climbing toward `ppo.max_new_tokens`: length explosion"),
+    _m("response/no_eos_frac", "share of responses that hit `ppo.max_new_tokens` without EOS",
+       "rising toward 1: the policy stopped stopping"),
+    _m("time/rollout_s time/score_s time/gae_s time/update_s time/iteration_s time/tokens_per_s",
+       "seconds per phase (each a Prefect task), their sum, and generated tokens per second",
+       "a phase suddenly slower: contention or a leak"),
+    _m("ppo/truncated_prompts", "training prompts cut on the left to fit `model.n_positions - ppo.max_new_tokens` "
+       "(once, step 0)", "most prompts: raise `model.n_positions`"),
+)
+
+SFT = (
+    _m("sft/loss", "response-token cross-entropy of the step", "flat, or NaN"),
+    _m("sft/loss_ema sft/grad_norm sft/lr sft/epoch", "its moving average, the gradient norm before clipping, the "
+       "learning rate and the epoch"),
+    _m("sft/final_loss_ema sft/steps", "the moving average at the end, and the optimizer steps taken (step 0)"),
+    _m("sft/truncated_prompts sft/truncated_responses", "rows cut to fit `sft.max_length` (step 0)",
+       "most rows cut: raise it or `model.n_positions`"),
+)
+
+REWARD = (
+    _m("reward/loss", "Bradley-Terry loss of the step, averaged within each ranked list, then over lists",
+       "flat at log 2 ≈ 0.69: nothing learned"),
+    _m("reward/train_accuracy reward/train_accuracy_ema", "share of the batch's pairs in the right order, and its "
+       "moving average", "stuck near 0.5"),
+    _m("reward/margin reward/grad_norm reward/lr reward/epoch", "mean score gap of the pairs, gradient norm, learning "
+       "rate, epoch"),
+    _m("reward/steps", "optimizer steps taken (step 0)"),
+    _m("reward/heldout_accuracy", "pairwise accuracy on the held-out pairs (noise-free judge pairs on the demo task, "
+       "held-out human labels on user data)", "well below the labels' agreement with the judge: the RM underfits"),
+    _m("reward/truncated_prompts reward/truncated_responses", "prompts and responses cut to fit `reward.max_length`",
+       "many: the RM may not see what tells the responses apart"),
+)
+
+DATA = (
+    _m("data/rows_<file>", "rows of each of the five files the stages read"),
+    _m("data/sft_mean_gold data/ranked_best_mean_gold data/ranked_worst_mean_gold data/ranked_all_mean_gold "
+       "data/eval_chosen_mean_gold data/eval_rejected_mean_gold", "the demo task's gold statistics"),
+    _m("data/label_agreement", "share of ranked pairs in gold order (demo task): the ceiling of RM training accuracy"),
+    _m("data/skipped_<source> data/skipped_<source>/<reason>", "bad rows skipped with `data.on_bad_row=skip`, in all "
+       "and per reason", "more than a few percent: check the source's format and column mapping"),
+    _m("data/dropped_heldout_<file>", "training rows dropped because their prompt is held out"),
+)
+
+EVAL = (
+    _m("eval/reward_mean eval/reward_mean_sft", "RM score of policy and SFT samples on the held-out prompts"),
+    _m("eval/gold_reward_mean eval/gold_reward_mean_sft", "the gold judge's score of the same samples (demo task)"),
+    _m("eval/win_rate_vs_sft", "share of held-out prompts where the judge prefers the policy's sample (a tie counts "
+       "half); null without a judge", "below 0.5: PPO made things worse"),
+    _m("eval/rm_win_rate_vs_sft", "the same judged by the reward model", "below 0.5: PPO did not even please its RM"),
+    _m("eval/kl_to_ref", "mean per-response KL of the policy's samples to the SFT model (k1), nats",
+       "far above `ppo.target_kl`: the policy drifted"),
+    _m("eval/response_length_mean eval/response_length_mean_sft eval/no_eos_frac", "response length of policy and SFT, "
+       "and the policy's share of responses without EOS"),
+    _m("eval/reward_model_accuracy", "the RM's pairwise accuracy on the held-out pairs"),
+    _m("eval/truncated_prompts", "eval prompts cut on the left"),
+)
+
+RUNS = {"ppo": PPO, "sft": SFT, "reward": REWARD, "data": DATA, "eval": EVAL}
+
+
+def _pattern(name: str) -> re.Pattern[str]:
+    return re.compile("^" + re.sub(r"<[a-z_]+>", "[^/]+", re.escape(name).replace(r"\<", "<").replace(r"\>", ">"))
+                      + "$")
+
+
+def documented(metric: str) -> bool:
+    """Whether `metric` (as logged) is in the registry."""
+    return any(_pattern(n).match(metric) for docs in RUNS.values() for d in docs for n in d.names)

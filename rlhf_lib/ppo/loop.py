@@ -1,0 +1,205 @@
+"""The PPO loop, defined once: the phases of an iteration, the iterations with their alarms and checkpoints, and a
+whole PPO run from saved SFT and reward models to the saved policy.
+
+Every way of running PPO goes through here: `PPOTrainer.step` and the benchmark call `run_iteration` bare, the
+PPO stage runs each phase as a Prefect task (its `call`), and the processes of a launched group run `launched`.
+The loop reports through a typed event sink (`rlhf_lib.events`) and knows nothing of where the events go.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlhf_lib.config import PipelineConfig
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.events import Checkpoint, Metrics, Notice, Resumed, Sink, Table, Tags
+from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
+from rlhf_lib.models import build_scalar_model
+from rlhf_lib.ppo.alarms import AlarmMonitor
+from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from rlhf_lib.ppo.metrics import sample_rows
+from rlhf_lib.ppo.rollout import decode_responses
+from rlhf_lib.ppo.trainer import PPOTrainer
+from rlhf_lib.ppo.types import PPOModels, Rollout
+
+# The phases of one iteration, in order, as the Prefect tasks are named and the timings logged (`time/<phase>_s`).
+PHASES = ("rollout", "score", "gae", "update")
+# How a phase runs: call(phase, fn, *args) returns fn(*args): directly, as a Prefect task, or timed.
+Call = Callable[..., Any]
+Judge = Callable[[str, str], float]
+
+
+def direct(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def run_iteration(trainer: PPOTrainer, call: Call = direct) -> tuple[Rollout, dict[str, float]]:
+    """One PPO iteration (InstructGPT; "The N+ Implementation Details of RLHF with PPO"):
+
+        1. generate     rollout: sample responses to a batch of prompts, with their log-probs
+        2. score        score: reference log-probs, values and reward-model scores
+        3. rewards      gae: the KL-shaped per-token rewards (score on the last real token), then
+        4. advantages        GAE (or the group estimator) and whitening; the KL controller steps
+        5. update       update: epochs x minibatches of clipped PPO steps
+
+    Returns the rollout and the iteration's metrics, with the seconds of each phase (`time/*`).
+    """
+    seconds: dict[str, float] = {}
+
+    def timed(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = call(phase, fn, *args)
+        seconds[phase] = time.perf_counter() - t0
+        return out
+
+    ro = timed("rollout", trainer.rollout)
+    timed("score", trainer.score, ro)
+    stats = timed("gae", trainer.advantages, ro)
+    stats.update(timed("update", trainer.update, ro))
+    total = sum(seconds.values())
+    stats.update({f"time/{phase}_s": s for phase, s in seconds.items()})
+    stats["time/iteration_s"] = total
+    stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
+    return ro, stats
+
+
+def ppo_loop(trainer: PPOTrainer, sink: Sink | None, iterations: int, checkpoints: Path, judge: Judge | None = None,
+             call: Call = direct) -> None:
+    """Iterations from `trainer.iteration` (a resumed trainer continues where its checkpoint left off) to
+    `iterations`. Each reports its metrics, samples and alarms to `sink`, and checkpoints are saved under
+    `checkpoints` and announced to it. The gold judge (demo task only) scores the samples for monitoring, never
+    the policy's reward. `sink` is None on the processes of a launched group other than the main one: they follow
+    the main process's decision to stop."""
+    monitor, raised = AlarmMonitor(trainer.cfg), set()
+    for it in range(trainer.iteration, iterations):
+        ro, stats = run_iteration(trainer, call)
+        stopping = _report(trainer, sink, monitor, raised, it, ro, stats, judge, iterations, checkpoints) if sink \
+            else False
+        if trainer.group.broadcast(stopping):
+            return
+
+
+def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[str], it: int, ro: Rollout,
+            stats: dict[str, float], judge: Judge | None, iterations: int, checkpoints: Path) -> bool:
+    """Report one iteration (samples, metrics, alarms, checkpoint); return whether the loop stops on an alarm."""
+    c, tokenizer = trainer.cfg, trainer.models.tokenizer
+    if judge is not None:
+        gold = [judge(p, t) for p, t in zip(ro.prompts, decode_responses(tokenizer, ro.response, ro.response_mask))]
+        stats["objective/gold"] = sum(gold) / len(gold)
+    if it % c.sample_every == 0 or it == iterations - 1:
+        rows = sample_rows(ro, tokenizer, 8)
+        if judge is not None:
+            for r, g in zip(rows, gold):
+                r["gold"] = g
+        sink.emit(Table(rows, f"samples/iter_{it:04d}.json"))
+    sink.emit(Metrics(stats, it))
+    alarms = monitor.check(it, stats)
+    for alarm in alarms:
+        sink.emit(Notice(f"PPO alarm {alarm.name} at {alarm}"))
+        if alarm.name not in raised:  # the tag keeps the first occurrence; the log has every one
+            sink.emit(Tags({f"rlhf.alarm.{alarm.name}": str(alarm)}))
+            raised.add(alarm.name)
+    stopping = bool(alarms) and c.stop_on_alarm
+    healthy = not any(a.name == "nan" for a in alarms)  # a non-finite state is never checkpointed
+    if healthy and ((it + 1) % c.checkpoint_every == 0 or it == iterations - 1 or stopping):
+        path = save_checkpoint(trainer, checkpoint_dir(checkpoints, trainer.iteration))
+        sink.emit(Checkpoint(str(path), trainer.iteration))
+    if stopping:
+        sink.emit(Tags({"rlhf.stopped_on_alarm": f"iteration {it}: {', '.join(a.name for a in alarms)}"}))
+    return stopping
+
+
+@dataclass
+class PPOJob:
+    """Everything a PPO run needs, JSON-able (it is the job file of a launched run): the config, the saved SFT and
+    reward models, the training prompts and demonstrations (PPO-ptx), whether the demo task's gold judge monitors
+    the samples, where the final policy goes, and the checkpoints to resume from (newest first)."""
+
+    config: dict[str, Any]
+    sft_dir: str
+    reward_dir: str
+    prompts: list[str]
+    out_dir: str
+    ptx: list[tuple[str, str]] = field(default_factory=list)
+    judge: bool = False
+    resume: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, job: dict[str, Any]) -> PPOJob:
+        return cls(**{**job, "ptx": [tuple(e) for e in job.get("ptx", [])]})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
+    """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model (with its own
+    tokenizer when it differs from the policy's), and the critic the config asks for: a value model initialised
+    from the RM (InstructGPT; from SFT when the RM reads other token ids) or from SFT, or none (a shared value
+    head, grpo, rloo)."""
+    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
+    ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
+    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code)
+    if not (cfg.ppo.has_critic and cfg.ppo.critic == "separate"):
+        value = None
+    elif cfg.ppo.value_init == "sft" and reward_tokenizer is None:
+        value = build_scalar_model(policy)
+    return PPOModels(policy=policy, ref=ref, reward=reward, value=value, tokenizer=tokenizer,
+                     reward_tokenizer=reward_tokenizer)
+
+
+def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
+    cfg = PipelineConfig.model_validate(job.config)
+    models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir))
+    return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.max_new_tokens,
+                      ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group)
+
+
+def load_first(trainer: PPOTrainer, candidates: Sequence[Path]) -> Path | None:
+    """Load the first checkpoint of `candidates` (newest first) that loads cleanly; None if none does.
+    `load_checkpoint` validates everything before it changes the trainer, so a bad one leaves it untouched."""
+    for ckpt in candidates:
+        try:
+            load_checkpoint(trainer, ckpt)
+            return ckpt
+        except ValueError:
+            continue
+    return None
+
+
+def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct,
+              group: ProcessGroup | None = None) -> None:
+    """A whole PPO run: build the trainer, resume from the newest loadable checkpoint of `job.resume`, loop, and
+    save the final policy (LoRA merged in) to `job.out_dir` as a plain transformers directory. Checkpoints are
+    written under `workdir/checkpoints`."""
+    from rlhf_lib.demo_task import gold_score
+
+    cfg = PipelineConfig.model_validate(job.config)
+    trainer = build_trainer(job, group)
+    if job.resume:
+        ckpt = load_first(trainer, [Path(p) for p in job.resume])
+        if sink is not None:
+            sink.emit(Resumed(ckpt.name if ckpt else None, trainer.iteration))
+        trainer.sync_engine()
+    try:
+        ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold_score if job.judge else None, call)
+    finally:
+        if trainer.engine is not None:
+            trainer.engine.close()
+    if trainer.group.is_main:
+        save_model(trainer.export_policy(), trainer.models.tokenizer, Path(job.out_dir))
+
+
+def launched(job: dict[str, Any], workdir: Path, sink: Sink) -> None:
+    """One process of a PPO run under `accelerate launch` (the launcher's entry point): every process builds the
+    same trainer and loops; the main one reports to `sink` and saves the final policy. PPO's processes are CPU
+    processes joined by gloo, in float32 (the rollout's log-probs and the update must use the same numerics)."""
+    group = ProcessGroup(cpu=True)
+    train_ppo(PPOJob.from_dict(job), sink if group.is_main else None, workdir, group=group)
+    group.barrier()
+    group.close()

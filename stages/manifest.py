@@ -1,0 +1,55 @@
+"""Content identities of artifact directories: a `manifest.json` of each file's sha256, and the digest over it.
+
+A stage's artifacts carry their manifest, so a cache hit can be checked for intactness and downstream cache keys
+follow content, not names."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def dir_digest(path: Path) -> str:
+    """sha256 over the relative paths and contents of every file under `path` (sorted): a content identity."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        h.update(bytes.fromhex(file_sha256(f)))
+    return h.hexdigest()
+
+
+def manifest_digest(files: dict[str, str]) -> str:
+    """The content identity of an artifact directory: sha256 over its manifest (relative path -> file sha256)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def write_manifest(local_dir: Path) -> str:
+    """Write `manifest.json` (sha256 of each file) into `local_dir`; return the digest of the whole dir."""
+    files = {str(p.relative_to(local_dir)): file_sha256(p)
+             for p in sorted(local_dir.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+    (local_dir / "manifest.json").write_text(json.dumps(files, indent=1, sort_keys=True))
+    return manifest_digest(files)
+
+
+def read_manifest(local_dir: Path) -> dict[str, str] | None:
+    try:
+        return json.loads((Path(local_dir) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def verify_manifest(local_dir: Path, digest: str) -> bool:
+    """True when every file listed in the manifest is present and intact, and the manifest matches `digest`."""
+    files = read_manifest(local_dir)
+    if files is None or manifest_digest(files) != digest:
+        return False
+    return all((p := local_dir / rel).is_file() and file_sha256(p) == sha for rel, sha in files.items())

@@ -1,0 +1,55 @@
+"""Training the supervised stages (SFT, reward model) in the stage's own process, or in several under `accelerate
+launch` (`stages.launch`): the same loop, the same numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlhf_lib import reward, sft
+from rlhf_lib.config import ResourcesConfig
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.events import Sink, metrics_log
+from rlhf_lib.model_dirs import save_model
+from rlhf_lib.models import build_policy, build_scalar_model
+from stages.launch import run_job
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Per stage: its training loop, the entry point of a launched process, and how its trained model loads back.
+LOOPS = {"sft": (sft.train_sft, sft.launched, lambda path, tok: build_policy(tok, str(path))),
+         "reward": (reward.train_reward_model, reward.launched, lambda path, tok: build_scalar_model(path))}
+
+
+def numerics_section(resources: ResourcesConfig) -> dict[str, Any]:
+    """The part of `resources` that changes a trained model, for the cache key: only a mixed precision. The
+    process count and the Accelerate config do not (the same global batches, the same mean; float noise aside)."""
+    return {} if resources.mixed_precision == "no" else {"resources": {"mixed_precision": resources.mixed_precision}}
+
+
+def train_supervised(kind: str, resources: ResourcesConfig, model: PreTrainedModel,
+                     tokenizer: PreTrainedTokenizerBase, examples: list, train_cfg: BaseModel, sink: Sink,
+                     torch_threads: int = 1) -> tuple[PreTrainedModel, dict[str, float]]:
+    """Train `model` with the `kind` ("sft" or "reward") loop, its metrics to `sink`; returns the trained model and
+    the final metrics. With `resources.num_processes > 1` the starting model is saved to a temporary directory,
+    trained there by the launched processes, and loaded back."""
+    train, entry, load = LOOPS[kind]
+    if resources.num_processes == 1:
+        group = ProcessGroup(resources.mixed_precision)
+        final, _ = train(model, tokenizer, examples, train_cfg, metrics_log(sink), group,
+                         resources.gradient_checkpointing)
+        return model, final
+    with tempfile.TemporaryDirectory(prefix=f"rlhf-{kind}-launch-") as tmp:
+        workdir = Path(tmp)
+        save_model(model, tokenizer, workdir / "init")
+        job = {"config": train_cfg.model_dump(), "mixed_precision": resources.mixed_precision,
+               "gradient_checkpointing": resources.gradient_checkpointing,
+               "examples": [dataclasses.asdict(e) for e in examples]}
+        run_job(entry, job, resources, workdir, sink, torch_threads)
+        final = json.loads((workdir / "final.json").read_text())
+        return load(workdir / "out", tokenizer), final
