@@ -1,13 +1,27 @@
-"""Config of PPO: rollouts, rewards, critic, update, alarms (README "The PPO loop")."""
+"""Config of PPO: rollouts, rewards, critic, update, alarms (docs/ppo.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
 from rlhf_lib.config.base import Section
-from rlhf_lib.ppo.vllm_engine import require_engine
+
+VLLM_INSTALL_HINT = "pip install 'rlhf-pipeline[vllm]'"
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_engine(name: str) -> str:
+    """Validator of `ppo.rollout_engine`: `vllm` needs the vLLM package (the config is refused without it)."""
+    if name == "vllm" and not vllm_available():
+        raise ValueError(f"rollout_engine 'vllm' needs vLLM, which is not installed here: {VLLM_INSTALL_HINT} "
+                         "(a CUDA GPU is needed too), or use rollout_engine 'hf'")
+    return name
 
 
 class PPOConfig(Section):

@@ -7,13 +7,12 @@ Face parameter names). vLLM samples with its own kernels, usually in bf16, so it
 training forward's (the known engine mismatch: Yao et al. 2025, "Your efficient RL framework secretly brings you
 off-policy RL training"). The rollout's log-probs are therefore recomputed by the policy itself
 (`rlhf_lib.ppo.scoring.response_logprobs`), which makes the PPO ratio start at exactly 1; vLLM only chooses the
-tokens. This module imports nothing heavy at import time: `rlhf_lib.config` uses `require_engine` to refuse the
-setting where vLLM is missing, before any work.
+tokens. The config (`rlhf_lib.config.ppo.require_engine`) refuses the setting where vLLM is missing, before any
+work.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 from typing import TYPE_CHECKING
@@ -22,19 +21,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-INSTALL_HINT = "pip install 'rlhf-pipeline[vllm]'"
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def require_engine(name: str) -> str:
-    """Validator of `ppo.rollout_engine`: `vllm` needs the vLLM package (the config is refused without it)."""
-    if name == "vllm" and not vllm_available():
-        raise ValueError(f"rollout_engine 'vllm' needs vLLM, which is not installed here: {INSTALL_HINT} "
-                         "(a CUDA GPU is needed too), or use rollout_engine 'hf'")
-    return name
+from rlhf_lib.config.ppo import require_engine
 
 
 class VLLMRollout:
