@@ -119,7 +119,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = configure_env(use_services=False)
     from flows.services import up
 
-    urls = up(state)
+    urls = up(state, preset=args.preset)
     print(f"Prefect UI: {urls['prefect_ui']}\nMLflow UI:  {urls['mlflow_ui']}\nlogs: {state / 'services'}")
     host = os.environ.get("RLHF_HOST", "127.0.0.1")
     loopback = " (loopback; set RLHF_HOST to serve other machines)" if host == "127.0.0.1" else ""
@@ -199,8 +199,10 @@ def parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("reference", help="print the config and metric reference (docs/reference.md)")
     ref.add_argument("--check", metavar="FILE", help="fail unless FILE holds exactly the reference")
     ref.set_defaults(fn=cmd_reference)
-    for name, fn, text in (("up", cmd_up, "start the Prefect server, MLflow server and deployments"),
-                           ("down", cmd_down, "stop the local services"),
+    u = sub.add_parser("up", help="start the Prefect server, MLflow server and deployments")
+    u.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
+    u.set_defaults(fn=cmd_up)
+    for name, fn, text in (("down", cmd_down, "stop the local services"),
                            ("status", cmd_status, "show the local services"),
                            ("demo", cmd_demo, "services up, run rlhf/full, print where to look")):
         sub.add_parser(name, help=text).set_defaults(fn=fn)

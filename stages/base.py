@@ -111,7 +111,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
         with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-") as tmp:
             out_dir = Path(tmp) / ARTIFACT_DIR[stage]
             out_dir.mkdir()
-            run.log_params({f"{stage}.{k}": v for k, v in flatten(section).items()})
+            run.log_params(flatten(section))  # under their config keys: `ppo.lr`, `model.n_positions`
             build(run, out_dir)
             run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)

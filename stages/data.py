@@ -131,7 +131,7 @@ def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the demo task deterministically from `data.seed`, or read and validate the user's data (`data.*`
     sources), and log the five files as versioned data sets."""
     if not config.data.user_data:
-        result, _ = run_cached(ctx, "data", config.data.model_dump(), {}, "demo", _build_demo(config))
+        result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "demo", _build_demo(config))
         return as_state(result)
     m = config.model
     section = {"data": config.data.model_dump(),

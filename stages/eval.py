@@ -86,8 +86,8 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     upstream = {"sft": sft, "reward": reward, "ppo": ppo}
     dirs = {k: download(v.artifact_uri) for k, v in upstream.items()}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
-    section = {"eval": config.eval.model_dump(), "n_positions": config.model.n_positions,
-               "reward_max_length": config.reward.max_length}
+    section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions},
+               "reward": {"max_length": config.reward.max_length}}
     build = _build(config, data_dir, data, dirs, upstream)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build)
     metrics = json.loads((local / "report.json").read_text())["metrics"]

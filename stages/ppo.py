@@ -167,8 +167,9 @@ def ppo_stage(
     """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
     data_dir = download(data.artifact_uri)
     sft_dir, reward_dir = download(sft.artifact_uri), download(reward.artifact_uri)
-    section = {"ppo": config.ppo.model_dump(), "n_positions": config.model.n_positions,
-               "ptx_max_length": config.sft.max_length if config.ppo.ptx_coef > 0 else None}
+    section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions}}
+    if config.ppo.ptx_coef > 0:  # the demonstrations' length
+        section["sft"] = {"max_length": config.sft.max_length}
     result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
                            file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
     return as_state(result)

@@ -107,7 +107,9 @@ def store_call(what: str, fn, *args, **kwargs):
                                  f"{retry.MAX_WAIT_S:.0f} s of retries: {e}") from e
 
 
-_SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|credential", re.I)
+# A key whose last part names a secret (`hub_token`, `aws_secret_access_key`), not one that merely mentions tokens
+# (`max_new_tokens`, `tokenizer`).
+_SECRET_KEY = re.compile(r"(^|[._-])(\w*_)?(token|secret|password|passwd|api[_-]?key|credentials?)(_\w*)?$", re.I)
 # Hugging Face, OpenAI-style and bearer tokens, and credentials inside URLs (scheme://user:pass@host).
 _SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|Bearer\s+\S+|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")
 

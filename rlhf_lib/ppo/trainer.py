@@ -32,6 +32,7 @@ from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts, shape_scores
 from rlhf_lib.ppo.sharding import check_sizes, gather_rollout, local_rows, prepare_models, row_shard
 from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import PtxSampler, ppo_epochs
+from rlhf_lib.ppo.vllm_engine import rollout_engine
 
 if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
     from transformers import PreTrainedModel
@@ -44,12 +45,9 @@ class PPOTrainer:
         # `group`: the training processes (several under `accelerate launch`); None: this process alone.
         self.group = group or ProcessGroup(cpu=True)
         check_sizes(cfg, self.group.world)
-        self.models = models
-        self.cfg = cfg
-        self.max_prompt_tokens = max_prompt_tokens
-        for model in (models.policy, models.ref, models.reward, models.value):
-            if model is not None:
-                disable_dropout(model)
+        self.models, self.cfg, self.max_prompt_tokens = models, cfg, max_prompt_tokens
+        for model in filter(None, (models.policy, models.ref, models.reward, models.value)):
+            disable_dropout(model)
         # LoRA: the reference is the policy with its adapters off, so no copy of it is kept (or needed).
         self.peft = add_lora(models.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules,
                              seed=cfg.seed) if cfg.lora else None
@@ -57,9 +55,8 @@ class PPOTrainer:
             raise ValueError("PPO without ppo.lora needs a reference model")
         if self.peft is not None:
             models.ref = None
-        for frozen in (models.ref, models.reward):
-            if frozen is not None:
-                freeze(frozen)
+        for frozen in filter(None, (models.ref, models.reward)):
+            freeze(frozen)
         self.rm_scores = RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
@@ -83,14 +80,9 @@ class PPOTrainer:
         # Demonstrations are cut to what the policy's position embeddings cover, as in SFT.
         self.ptx = (PtxSampler(ptx_examples, models.tokenizer, fit_length(ptx_max_length, models.policy),
                                cfg.ptx_batch_size, self.generator) if cfg.ptx_coef > 0 else None)
-        self.iteration = 0
-        self.refused_streak = 0
-        self.engine = None
-        if cfg.rollout_engine == "vllm":  # GPU only: fails here, at stage start, on a machine without one
-            from rlhf_lib.ppo.vllm_engine import VLLMRollout
-
-            self.engine = VLLMRollout(self.export_policy(), models.tokenizer, max_new_tokens=cfg.max_new_tokens,
-                                      temperature=cfg.temperature, seed=cfg.seed)
+        self.iteration = self.refused_streak = 0
+        # vLLM (GPU only) fails here, at stage start, on a machine without one.
+        self.engine = rollout_engine(cfg, self.export_policy(), models.tokenizer)
 
     # 1. generate ---------------------------------------------------------------------------------------------
     def rollout(self) -> Rollout:

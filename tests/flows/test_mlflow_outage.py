@@ -12,9 +12,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from stages.net import free_port
+
+pytestmark = pytest.mark.slow
 
 ITERATIONS = 40
 

@@ -64,6 +64,15 @@ def test_mlflow_holds_nested_runs_models_lineage_and_report(first):
     assert client.get_run(first["stages"]["data"]["mlflow_run_id"]).inputs.dataset_inputs
 
 
+def test_every_metric_the_stages_logged_is_in_the_reference(first):
+    from rlhf_lib.metric_docs import documented
+
+    client = MlflowClient()
+    logged = {k for stage in STAGES for k in client.get_run(first["stages"][stage]["mlflow_run_id"]).data.metrics}
+    assert {"sft/loss", "reward/heldout_accuracy", "objective/gold", "eval/win_rate_vs_sft"} <= logged
+    assert sorted(k for k in logged if not documented(k)) == []
+
+
 def test_a_model_loads_back_through_its_registry_uri(first):
     from stages.models_io import load_policy
 

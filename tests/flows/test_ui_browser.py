@@ -17,12 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from flows import services
-from flows.cli import load_config
+from flows.settings import load_config
 from stages.net import free_port
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="Debian's chromium is not installed; .ci/run installs it"
-)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed; .ci/run installs it")]
 
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
+
+pytestmark = pytest.mark.slow
 
 CMD = [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro", "--json",
        "--set", "ppo.iterations=14", "--set", "ppo.checkpoint_every=2"]

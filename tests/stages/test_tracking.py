@@ -149,7 +149,8 @@ def test_credentials_never_reach_params_or_tags():
     from stages.tracking import redact
 
     assert redact("model.name_or_path", "org/model") == "org/model"
-    assert redact("hub_token", "anything") == "***"
+    assert redact("hub_token", "anything") == "***" and redact("aws_secret_access_key", "x") == "***"
+    assert redact("ppo.max_new_tokens", 12) == "12" and redact("tokenizer", "gpt2") == "gpt2"
     assert redact("note", "use hf_abcdefghijklmnopqrstuvwxyz0123 here") == "use *** here"
     assert redact("uri", "https://user:s3cret@host/x") == "https://***@host/x"
     assert redact("auth", "Bearer abc.def") == "***"  # key matches nothing, but the value is a bearer token

@@ -1,0 +1,104 @@
+"""The deployments as a user drives them, against real services (`rlhf up`: Prefect server, MLflow server and
+`rlhf serve --preset micro`): the README's `prefect deployment run` lines run as written; a partial `config`
+parameter is merged onto the deployment's preset; data and SFT come from the cache, the reward stage is the named
+version, and the PPO run's parameters are the preset's with the one override, in MLflow and in Prefect."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from flows import services
+from flows.settings import load_config
+from stages.net import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def readme_deployment_lines() -> list[str]:
+    """Every `prefect deployment run` line of the README's code blocks, in order."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [ln.split("  #")[0].strip() for b in blocks for ln in b.splitlines()
+            if ln.strip().startswith("prefect deployment run")]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    state = tmp_path_factory.mktemp("deployments")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RLHF_PREFECT_PORT", str(free_port()))
+    mp.setenv("RLHF_MLFLOW_PORT", str(free_port()))
+    mp.delenv("PREFECT_HOME", raising=False)
+    try:
+        urls = services.up(state, preset="micro", timeout_s=180)
+        env = {**os.environ, "PREFECT_API_URL": urls["prefect_api"], "RLHF_HOME": str(state)}
+        yield state, env
+    finally:
+        services.down(state)
+        mp.undo()
+
+
+def _prefect(env: dict, line: str) -> subprocess.CompletedProcess:
+    args = shlex.split(line)
+    assert args[0] == "prefect"
+    return subprocess.run([sys.executable, "-m", "prefect", *args[1:]], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _read_prefect(env: dict, expression: str):
+    """`expression` of a Prefect client `c` of the served Prefect API, as JSON, from a process of its own."""
+    code = ("import json\nfrom prefect.client.orchestration import get_client\n"
+            f"with get_client(sync_client=True) as c:\n    print(json.dumps({expression}))")
+    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout.strip().splitlines()[-1])
+
+
+def test_readme_deployment_lines_run_and_a_partial_config_changes_one_key(served):
+    state, env = served
+    lines = readme_deployment_lines()
+    assert lines and any('config={"ppo"' in ln for ln in lines), lines
+    for line in lines:
+        out = _prefect(env, line)
+        assert out.returncode == 0 and "Completed" in out.stdout, (line, out.stdout[-2000:], out.stderr[-2000:])
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlhf").experiment_id
+    runs = client.search_runs([exp], order_by=["attributes.start_time DESC"])
+    parent = next(r for r in runs if r.data.tags.get("rlhf.pipeline") == "ppo")  # the README's PPO rerun
+    tags = parent.data.tags
+    assert (tags["rlhf.cache_hit.data"], tags["rlhf.cache_hit.sft"]) == ("true", "true")
+    assert "rlhf.cache_hit.reward" not in tags  # the reward stage is the named model, not a stage run
+    ppo = next(r for r in runs if r.data.tags.get("rlhf.stage") == "ppo" and
+               r.data.tags.get("mlflow.parentRunId") == parent.info.run_id)
+    assert ppo.data.tags["rlhf.upstream.reward"] == "models:/rlhf-reward/1"
+    expected = load_config("micro", sets=["ppo.lr=1e-4"]).ppo.model_dump(mode="json")
+    logged = {k.removeprefix("ppo."): v for k, v in ppo.data.params.items() if k.startswith("ppo.")}
+    assert logged == {k: str(v) for k, v in expected.items()}  # the preset's values, with the one override
+
+    flow_run_id = parent.data.tags["rlhf.prefect_flow_run_id"]
+    parameters = _read_prefect(env, f"c.read_flow_run({flow_run_id!r}).parameters")
+    assert parameters["preset"] == "micro"
+    assert parameters["config"] == load_config("micro", sets=["ppo.lr=1e-4"]).model_dump(mode="json")
+
+
+def test_a_bad_key_or_type_is_refused_before_any_run(served):
+    _, env = served
+    out = _prefect(env, """prefect deployment run rlhf/ppo --param 'config={"ppo": {"lrr": 1}}'""")
+    assert out.returncode != 0 and "'lrr' was unexpected" in out.stdout + out.stderr
+    out = _prefect(env, """prefect deployment run rlhf/ppo --param 'config={"ppo": {"epochs": "many"}}'""")
+    assert out.returncode != 0 and "config.ppo.epochs" in out.stdout + out.stderr
+
+
+def test_the_deployments_form_shows_the_presets_values(served):
+    _, env = served
+    params = _read_prefect(env, "c.read_deployment_by_name('rlhf/ppo').parameters")
+    assert params["preset"] == "micro" and params["config"] == load_config("micro").model_dump(mode="json")
