@@ -12,8 +12,7 @@ import logging
 from rlhf_lib.config import ConfigError
 from rlhf_lib.data import DataError
 from stages.launch import LaunchError
-from stages.net import ServiceUnreachable
-from stages.tracking import ArtifactNotFound
+from stages.net import ArtifactNotFound, ServiceUnreachable
 
 USER_ERRORS = (ConfigError, DataError, ArtifactNotFound, ServiceUnreachable, LaunchError, FloatingPointError)
 

@@ -51,26 +51,43 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False) -> Accelera
 
 
 class ProcessGroup:
-    """This process's place among the stage's training processes. Build one per training run."""
+    """This process's place among the stage's training processes. Build one per training run.
+
+    Accelerate is started only when something needs it (preparing a model, a launched group): one process that
+    trains in fp32 without preparing anything, such as PPO in the stage's own process, never imports it.
+    """
 
     def __init__(self, mixed_precision: str = "no", cpu: bool = False):
-        self.acc = make_accelerator(mixed_precision, cpu)
+        if mixed_precision not in MIXED_PRECISION:
+            raise ValueError(f"resources.mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
+        if mixed_precision == "fp16" and (cpu or not torch.cuda.is_available()):
+            raise ValueError("resources.mixed_precision=fp16 needs a CUDA GPU (loss scaling); use bf16 or no on CPU")
+        self.mixed_precision, self.cpu = mixed_precision, cpu
+        self._acc: Accelerator | None = make_accelerator(mixed_precision, cpu) if launched() else None
+
+    @property
+    def acc(self) -> Accelerator:
+        if self._acc is None:
+            self._acc = make_accelerator(self.mixed_precision, self.cpu)
+        return self._acc
 
     @property
     def rank(self) -> int:
-        return self.acc.process_index
+        return self._acc.process_index if self._acc else 0
 
     @property
     def world(self) -> int:
-        return self.acc.num_processes
+        return self._acc.num_processes if self._acc else 1
 
     @property
     def is_main(self) -> bool:
-        return self.acc.is_main_process
+        return self._acc.is_main_process if self._acc else True
 
     @property
     def device(self) -> torch.device:
-        return self.acc.device
+        if self._acc:
+            return self._acc.device
+        return torch.device("cuda" if torch.cuda.is_available() and not self.cpu else "cpu")
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Sum of each value over processes (one float64 all-reduce)."""
@@ -116,7 +133,8 @@ class ProcessGroup:
 
     def barrier(self) -> None:
         """Wait for every process."""
-        self.acc.wait_for_everyone()
+        if self.world > 1:
+            self.acc.wait_for_everyone()
 
     def prepare(self, *objects: Any) -> Any:
         """Wrap models and optimizers for the group (DDP / FSDP / DeepSpeed per the launch config; the device and
@@ -146,4 +164,5 @@ class ProcessGroup:
         return self.acc.get_state_dict(model)
 
     def close(self) -> None:
-        self.acc.end_training()
+        if self._acc is not None:
+            self._acc.end_training()

@@ -21,7 +21,8 @@ from pydantic import BaseModel
 
 from stages.code_deps import ROOT, source_files
 from stages.manifest import dir_digest, manifest_digest, read_manifest, verify_manifest
-from stages.tracking import ArtifactNotFound, download, model_version, store_call
+from stages.net import ArtifactNotFound
+from stages.tracking import download, model_version, store_call
 
 # Numerics also depend on these libraries' versions (datasets parses the user's CSV, JSON and Parquet files).
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets")

@@ -50,6 +50,10 @@ class ServiceUnreachable(ConnectionError):
     """A configured server does not answer; the message names its URL and what to do."""
 
 
+class ArtifactNotFound(FileNotFoundError):
+    """A model version, alias or artifact that is not in the store; the message names its URI."""
+
+
 def require_healthy(base_url: str, what: str, hint: str, timeout_s: float = 5.0) -> None:
     """Fail within `timeout_s`, naming the URL, when `<base_url>/health` does not answer 200."""
     url = base_url.rstrip("/") + "/health"

@@ -19,7 +19,7 @@ from mlflow.entities import Metric, Param, RunTag
 
 from stages import retry
 from stages.home import file_lock, state_dir
-from stages.net import ServiceUnreachable, require_healthy
+from stages.net import ArtifactNotFound, ServiceUnreachable, require_healthy
 from stages.retry import configure_client, retrying, transient
 
 EXPERIMENT = "rlhf"
@@ -35,10 +35,6 @@ _log = logging.getLogger(__name__)
 # The user's own setting, read once: `mlflow.set_tracking_uri` exports MLFLOW_TRACKING_URI itself, so reading the
 # variable later would pin every later pipeline run in this process to the first run's store.
 _USER_TRACKING_URI = os.environ.get("MLFLOW_TRACKING_URI")
-
-
-class ArtifactNotFound(FileNotFoundError):
-    """A model version, alias or artifact that is not in the store; the message names its URI."""
 
 
 def tracking_uri() -> str:
