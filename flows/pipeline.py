@@ -7,7 +7,6 @@ import hashlib
 import time
 from typing import Literal
 
-from mlflow import MlflowClient
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
@@ -21,7 +20,7 @@ from stages.eval import eval_stage
 from stages.ppo import ppo_stage
 from stages.reward import reward_stage
 from stages.sft import sft_stage
-from stages.tracking import setup_mlflow, tracking_uri
+from stages.tracking import RetryingClient, setup_mlflow, tracking_uri
 
 Pipeline = Literal["full", "sft", "reward", "ppo", "eval"]
 STAGES = ("data", "sft", "reward", "ppo", "eval")
@@ -102,7 +101,7 @@ def rlhf(
     configure_process(config.torch_threads)
     t0 = time.perf_counter()
     experiment_id = setup_mlflow()
-    client = MlflowClient()
+    client = RetryingClient()
     name = flow_run.name or f"{pipeline}-{config.name}"
     parent = client.create_run(experiment_id, run_name=name, tags={
         "rlhf.pipeline": pipeline, "rlhf.config_hash": config_hash(config),

@@ -19,7 +19,18 @@ from pathlib import Path
 from typing import Callable
 
 from flows.prefect_tuning import server_batching
-from flows.procs import Service, forget, live_pid, log_file, read_pid, recorded_url, spawn, started_at, stop, wait_ready
+from flows.procs import (
+    Service,
+    forget,
+    live_pid,
+    log_file,
+    read_pid,
+    recorded_url,
+    spawn,
+    started_at,
+    stop,
+    wait_ready,
+)
 from stages.net import healthy, http_get, port_open
 
 DEFAULT_HOST = "127.0.0.1"

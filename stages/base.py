@@ -29,7 +29,14 @@ from stages import progress
 from stages.cache import StageResult, cache_key, lookup
 from stages.home import file_lock
 from stages.manifest import write_manifest
-from stages.tracking import MODEL_NAMES, StageRun, download, register, store_call
+from stages.tracking import (
+    MODEL_NAMES,
+    RetryingClient,
+    StageRun,
+    download,
+    register,
+    store_call,
+)
 
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
 
@@ -92,7 +99,7 @@ def run_cached(
             if hit is not None:
                 result, local = hit
                 result.seconds = time.perf_counter() - t0
-                mlflow.MlflowClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
+                RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
                 logger.info("%s: cache hit %s (run %s)", stage, key, result.mlflow_run_id)
                 return result, local
         result = _run(ctx, stage, key, section, upstream, data_fingerprint, build)
@@ -123,7 +130,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
         unregister(run)
         run.finish("FAILED")
         raise
-    mlflow.MlflowClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
+    RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
     return StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
                        artifact_uri=f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}", digest=digest, model_uri=model_uri)
 
@@ -199,7 +206,7 @@ def log_dataset(run: StageRun, rows: list[dict], source: str, name: str, context
         ds = mlflow.data.from_pandas(pd.DataFrame(rows), source=_dataset_source(source), name=name,
                                      digest=digest[:36])
     tags = [InputTag("mlflow.data.context", context)]
-    run.client.log_inputs(run.run_id, [DatasetInput(ds._to_mlflow_entity(), tags)])
+    store_call("log_inputs", run.client.log_inputs, run.run_id, [DatasetInput(ds._to_mlflow_entity(), tags)])
 
 
 def _dataset_source(uri: str):

@@ -16,7 +16,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
-from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft, write_jsonl
+from rlhf_lib.data import (
+    file_fingerprint,
+    read_pairs,
+    read_prompts,
+    read_ranked,
+    read_sft,
+    write_jsonl,
+)
 from rlhf_lib.data.chat import Renderer
 from rlhf_lib.data.sources import Source, hub_fingerprint
 from rlhf_lib.data.user import build_user_task

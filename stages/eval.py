@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger
 
@@ -21,11 +20,11 @@ from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge, source_info
 from stages.report import CURVES, render_html
-from stages.tracking import StageRun, download, model_version
+from stages.tracking import RetryingClient, StageRun, download, model_version
 
 
 def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
-    client = MlflowClient()
+    client = RetryingClient()
     return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key, _ in CURVES}
 
 
@@ -33,7 +32,7 @@ def ppo_alarms(ppo_run_id: str) -> list[str]:
     """The alarms the PPO run raised (its `rlhf.alarm.<name>` tags), as report lines."""
     if not ppo_run_id:
         return []
-    tags = MlflowClient().get_run(ppo_run_id).data.tags
+    tags = RetryingClient().get_run(ppo_run_id).data.tags
     return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
 
 
@@ -106,7 +105,7 @@ def promote_champion(policy_uri: str, metrics: dict) -> bool:
     champion's (or there is none). Returns whether it became champion."""
     key = champion_metric(metrics)
     mv = model_version(policy_uri)
-    client = MlflowClient()
+    client = RetryingClient()
     value = float(metrics[key])
     client.set_model_version_tag(mv.name, mv.version, f"rlhf.eval.{key}", str(value))
     with key_lock("champion", mv.name):  # two evals finishing together must not both win on a stale read

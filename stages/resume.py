@@ -18,18 +18,17 @@ import time
 from pathlib import Path
 
 import mlflow
-from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from rlhf_lib.ppo.checkpoint import is_complete
-from stages.tracking import StageRun, download
+from stages.tracking import RetryingClient, StageRun, download, store_call
 
 
 def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
     """The newest earlier PPO run with this cache key that was interrupted: killed (left RUNNING) or stopped by
     Ctrl-C (tagged `rlhf.interrupted`). A run that failed on an error is not resumed: it would fail again."""
-    runs = mlflow.search_runs(
-        [experiment_id],
+    runs = store_call(
+        "search_runs", mlflow.search_runs, [experiment_id],
         filter_string=f"tags.`rlhf.stage` = 'ppo' and tags.`rlhf.cache_key_pending` = '{key}' "
         "and attributes.status != 'FINISHED'",
         order_by=["attributes.start_time DESC"],
@@ -46,7 +45,7 @@ def resumable(run: StageRun, key: str) -> tuple[str, list[Path]] | None:
     old = unfinished_run(run.run.info.experiment_id, key, exclude=run.run_id)
     if old is None:
         return None
-    client = MlflowClient()
+    client = RetryingClient()
     if not [f for f in client.list_artifacts(old, "checkpoints")]:
         _retire(client, old, run.run_id, "no checkpoint to resume from")
         return None
@@ -63,7 +62,7 @@ def resumed(run: StageRun, old: str | None, checkpoint: str | None, iteration: i
     to `iteration` into `run`, tag it, and retire `old`."""
     if old is None:
         return
-    client = MlflowClient()
+    client = RetryingClient()
     if checkpoint is None:
         _retire(client, old, run.run_id, "no complete checkpoint to resume from")
         return
@@ -72,7 +71,7 @@ def resumed(run: StageRun, old: str | None, checkpoint: str | None, iteration: i
     _retire(client, old, run.run_id, f"resumed from {checkpoint}")
 
 
-def _retire(client: MlflowClient, old: str, new: str, why: str) -> None:
+def _retire(client: RetryingClient, old: str, new: str, why: str) -> None:
     """Mark the interrupted run (and its pipeline's parent run, if still RUNNING) FAILED, never RUNNING forever."""
     client.set_tag(old, "rlhf.resumed_by", f"{new} ({why})")
     parent = client.get_run(old).data.tags.get("mlflow.parentRunId")
@@ -81,7 +80,7 @@ def _retire(client: MlflowClient, old: str, new: str, why: str) -> None:
             client.set_terminated(run_id, "FAILED")
 
 
-def _copy_history(client: MlflowClient, old: str, new: str, before: int) -> None:
+def _copy_history(client: RetryingClient, old: str, new: str, before: int) -> None:
     """The old run's per-iteration metrics for steps < `before`, so the new run shows the whole curve."""
     ts = int(time.time() * 1000)
     batch = [

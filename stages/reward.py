@@ -12,7 +12,13 @@ from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.model_dirs import load_causal_lm, save_model
-from rlhf_lib.models import build_policy, build_reward_base, build_scalar_model, fit_length, load_tokenizer
+from rlhf_lib.models import (
+    build_policy,
+    build_reward_base,
+    build_scalar_model,
+    fit_length,
+    load_tokenizer,
+)
 from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.training import n_batches
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached

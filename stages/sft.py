@@ -12,7 +12,13 @@ from rlhf_lib.data import read_prompts, read_ranked, read_sft
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.model_dirs import save_model
-from rlhf_lib.models import build_policy, count_parameters, fit_length, load_tokenizer, train_tokenizer
+from rlhf_lib.models import (
+    build_policy,
+    count_parameters,
+    fit_length,
+    load_tokenizer,
+    train_tokenizer,
+)
 from rlhf_lib.training import n_batches
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult

@@ -105,6 +105,19 @@ def store_call(what: str, fn, *args, **kwargs):
 
 # A key whose last part names a secret (`hub_token`, `aws_secret_access_key`), not one that merely mentions tokens
 # (`max_new_tokens`, `tokenizer`).
+class RetryingClient:
+    """An `MlflowClient` whose every call goes through the retry policy (`store_call`)."""
+
+    def __init__(self) -> None:
+        self._client = MlflowClient()
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: store_call(name, attr, *args, **kwargs)
+
+
 _SECRET_KEY = re.compile(r"(^|[._-])(\w*_)?(token|secret|password|passwd|api[_-]?key|credentials?)(_\w*)?$", re.I)
 # Hugging Face, OpenAI-style and bearer tokens, and credentials inside URLs (scheme://user:pass@host).
 _SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|Bearer\s+\S+|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")
@@ -268,17 +281,17 @@ def model_version(uri: str):
     """The registry entry behind `models:/name/version` or `models:/name@alias`, or a clear error naming it."""
     ref = uri.removeprefix("models:/")
     name, sep, alias = ref.partition("@")
-    client = MlflowClient()
+    client = RetryingClient()
     try:
         if sep:
-            return store_call("get_model_version_by_alias", client.get_model_version_by_alias, name, alias)
+            return client.get_model_version_by_alias(name, alias)
         name, _, version = ref.partition("/")
         if version == "latest":
-            versions = store_call("search_model_versions", client.search_model_versions, f"name = '{name}'")
+            versions = client.search_model_versions(f"name = '{name}'")
             if not versions:
                 raise ArtifactNotFound(f"no registered model {uri}: {name} has no versions")
             return max(versions, key=lambda mv: int(mv.version))
-        return store_call("get_model_version", client.get_model_version, name, version)
+        return client.get_model_version(name, version)
     except mlflow.exceptions.MlflowException as e:
         raise ArtifactNotFound(f"no registered model {uri}: {e.message} (list the versions in the MLflow UI's "
                                "Models page, or with `MlflowClient().search_model_versions`)") from None
