@@ -32,8 +32,10 @@ def configure_env(use_services: bool = True) -> Path:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # transformers' and the hub's tqdm bars ("Loading weights", "Writing model shards") on every model load and save.
+    # transformers' and the hub's tqdm bars ("Loading weights", "Writing model shards") on every model load and save,
+    # and MLflow's INFO lines (the store's schema migrations on first use).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     if use_services and "PREFECT_API_URL" not in os.environ:
         from flows.services import running_prefect_api
 
