@@ -16,13 +16,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import mlflow
 from pydantic import BaseModel
 
 from stages.code_deps import ROOT, source_files
 from stages.manifest import dir_digest, manifest_digest, read_manifest, verify_manifest
 from stages.net import ArtifactNotFound
-from stages.tracking import download, model_version, store_call
+from stages.tracking import download, model_version, newest_runs
 
 # Numerics also depend on these libraries' versions (datasets parses the user's CSV, JSON and Parquet files).
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets")
@@ -82,14 +81,7 @@ def cache_key(stage: str, section: dict[str, Any], upstream: dict[str, str], dat
 
 def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
     """The newest intact finished run of `stage` with `key`, and the local path of its artifacts."""
-    runs = store_call(
-        "look up the cache", mlflow.search_runs, [experiment_id],
-        filter_string=f"tags.`rlhf.stage` = '{stage}' and tags.`rlhf.cache_key` = '{key}' "
-        "and attributes.status = 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        output_format="list",
-        max_results=5,
-    )
+    runs = newest_runs(experiment_id, stage, f"tags.`rlhf.cache_key` = '{key}' and attributes.status = 'FINISHED'")
     for run in runs:
         tags = run.data.tags
         uri, digest = tags.get("rlhf.artifact_uri"), tags.get("rlhf.digest")

@@ -17,24 +17,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import mlflow
 from mlflow.entities import Metric
 
 from rlhf_lib.ppo.checkpoint import is_complete
-from stages.tracking import RetryingClient, StageRun, download, store_call
+from stages.tracking import RetryingClient, StageRun, download, newest_runs
 
 
 def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
     """The newest earlier PPO run with this cache key that was interrupted: killed (left RUNNING) or stopped by
     Ctrl-C (tagged `rlhf.interrupted`). A run that failed on an error is not resumed: it would fail again."""
-    runs = store_call(
-        "search_runs", mlflow.search_runs, [experiment_id],
-        filter_string=f"tags.`rlhf.stage` = 'ppo' and tags.`rlhf.cache_key_pending` = '{key}' "
-        "and attributes.status != 'FINISHED'",
-        order_by=["attributes.start_time DESC"],
-        output_format="list",
-        max_results=5,
-    )
+    runs = newest_runs(experiment_id, "ppo",
+                       f"tags.`rlhf.cache_key_pending` = '{key}' and attributes.status != 'FINISHED'")
     interrupted = [r for r in runs if r.info.status == "RUNNING" or r.data.tags.get("rlhf.interrupted") == "true"]
     return next((r.info.run_id for r in interrupted if r.info.run_id != exclude), None)
 

@@ -250,6 +250,13 @@ class StageRun:
         store_call("set_terminated", self.client.set_terminated, self.run_id, status)
 
 
+def newest_runs(experiment_id: str, stage: str, where: str, max_results: int = 5) -> list:
+    """The newest runs of `stage` in the experiment that also match the MLflow filter `where`."""
+    return store_call("search_runs", mlflow.search_runs, [experiment_id],
+                      filter_string=f"tags.`rlhf.stage` = '{stage}' and {where}",
+                      order_by=["attributes.start_time DESC"], output_format="list", max_results=max_results)
+
+
 def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:
     """Register `<run artifacts>/<artifact_path>` as a new version of the stage's model; returns `models:/n/v`."""
     name = MODEL_NAMES[run.stage]
