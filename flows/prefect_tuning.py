@@ -2,10 +2,10 @@
 
 Every Prefect task run sends its state changes (Pending, Running, Completed) to the server as events. Prefect 3.9's
 task-run recorder writes each of them in its own database transaction (`batch_size` 1) and its event persister
-flushes every 20; on these 2-core machines that server CPU (~34 ms per PPO task run, 0.137 s per demo-size
-iteration) comes straight out of the cores torch trains on. Writing in batches of 100 and 200 cut it to 0.052 s per
-iteration (measured with `rlhf bench overhead`'s iterations). The price is freshness: the UI shows a task run up to
-a flush interval (5 s, Prefect's default) after it happened. Both services flush what they hold when the server
+flushes every 20; on a small machine that server CPU comes straight out of the cores torch trains on, four task runs
+per PPO iteration. Writing in batches of 100 and 200 cuts it to about a third (`rlhf bench overhead` measures what
+is left). The price is freshness: the UI shows a task run up to a flush interval (5 s, Prefect's default) after it
+happened. Both services flush what they hold when the server
 stops, so no task run is lost at exit (`tests/flows/test_prefect_tuning.py`).
 
 A variable already set in the environment wins over these values.

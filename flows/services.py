@@ -121,8 +121,8 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
                   "--host", ep.bind_host, "--port", str(ep.mlflow_port), "--workers", "1",
                   "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
                   "--default-artifact-root", (state / "mlartifacts").as_uri()],
-            # The job-execution runner (an extra process pool) is what makes the default start take ~30 s and
-            # ~1.6 GB; the pipeline does not use MLflow jobs.
+            # The job-execution runner (an extra process pool) is what makes the default start slow and large; the
+            # pipeline does not use MLflow jobs.
             env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             # Relative defaults (./mlartifacts for proxied artifacts) land in the state dir, not the caller's cwd.
             cwd=state,

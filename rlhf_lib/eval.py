@@ -16,7 +16,7 @@ from rlhf_lib.ppo.retokenize import retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Judge = Callable[[str, str], float]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from rlhf_lib.models import build_policy, build_scalar_model, load_tokenizer, same_tokenizer
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 

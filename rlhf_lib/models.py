@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import: each builder imports what it uses
+if TYPE_CHECKING:  # transformers' model classes are slow to import: each builder imports what it uses
     from transformers import GPT2Config, PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<|pad|>"

@@ -29,7 +29,7 @@ from rlhf_lib.training import (
     weighted_mean,
 )
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 LogFn = Callable[[int, dict[str, float]], None]

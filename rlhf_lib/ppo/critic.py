@@ -30,7 +30,7 @@ from rlhf_lib.ppo.scoring import (
     token_values,
 )
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
 
 CriticKind = Literal["separate", "shared", "none"]

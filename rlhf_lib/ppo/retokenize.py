@@ -17,7 +17,7 @@ from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
 from rlhf_lib.ppo.scoring import concat, sequence_scores
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 

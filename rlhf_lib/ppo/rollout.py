@@ -15,7 +15,7 @@ import torch
 
 from rlhf_lib.ppo.scoring import cache_kwarg, keep_last, position_ids
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlhf_lib.ppo.sharding import RowShard
@@ -93,7 +93,7 @@ def _draw(logp_all: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: the first token whose cumulative probability exceeds u. Shapes: (B, V), (B,) -> (B,).
 
     Exact for the categorical distribution, and one uniform per row instead of `torch.multinomial`'s one
-    exponential per vocabulary entry (which cost ~20x more than the rest of the step's sampling on CPU). A token of
+    exponential per vocabulary entry (which dominated the step's sampling time on CPU). A token of
     probability 0 never comes out: its cumulative sum equals its predecessor's.
     """
     cdf = logp_all.exp().cumsum(-1)  # (B, V)

@@ -15,7 +15,7 @@ import torch
 
 from rlhf_lib.ppo.losses import entropy_from_logits
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
 
 
@@ -104,8 +104,8 @@ def keep_last(model: PreTrainedModel, n: int) -> dict[str, int]:
 
 def no_cache(model: PreTrainedModel) -> dict[str, bool]:
     """`use_cache=False` for a pass over whole sequences (scoring, training), where the model takes it: without
-    it transformers 5 builds a KV cache in every such forward, copying each layer's keys and values into it
-    (~19 ms of a 1.5 s bench iteration). A wrapper that passes **kwargs on (PEFT) gets it too."""
+    it transformers 5 builds a KV cache in every such forward, copying each layer's keys and values into it for
+    nothing. A wrapper that passes **kwargs on (PEFT) gets it too."""
     names, var_kw = _forward_params(_unwrapped(model))
     return {"use_cache": False} if "use_cache" in names or var_kw else {}
 

@@ -34,7 +34,7 @@ from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import PtxSampler, ppo_epochs
 from rlhf_lib.ppo.vllm_engine import rollout_engine
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
 
 

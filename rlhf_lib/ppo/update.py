@@ -20,7 +20,7 @@ from rlhf_lib.ppo.scoring import no_cache
 from rlhf_lib.ppo.sharding import backward_share, local_rows, summed
 from rlhf_lib.ppo.types import Rollout
 
-if TYPE_CHECKING:  # transformers' model classes cost ~2 s to import; a cached run never needs them
+if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
 
 PtxBatches = Callable[[], dict[str, torch.Tensor]]
