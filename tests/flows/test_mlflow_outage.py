@@ -9,26 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
-from stages.net import free_port
+from stages.net import free_port, healthy
 
 pytestmark = pytest.mark.slow
 
 ITERATIONS = 40
-
-
-def _healthy(url: str) -> bool:
-    try:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"{url}/health", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def _start_server(store: Path, port: int) -> subprocess.Popen:
@@ -40,7 +30,7 @@ def _start_server(store: Path, port: int) -> subprocess.Popen:
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
-    while not _healthy(url):
+    while not healthy(f"{url}/health"):
         assert proc.poll() is None and time.time() < deadline, "mlflow server did not start"
         time.sleep(0.5)
     return proc

@@ -17,21 +17,7 @@ import pytest
 
 from flows import procs, services
 from flows.prefect_tuning import SERVER_BATCHING
-from stages.net import free_port
-
-
-def _status_code(url: str) -> int:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as resp:
-        return resp.status
-
-
-def _port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
+from stages.net import free_port, healthy, port_open
 
 
 def _pid_exists(pid: int) -> bool:
@@ -74,8 +60,7 @@ def test_up_status_idempotent_down(state: Path, ports: tuple[int, int]) -> None:
         "prefect_api": f"http://127.0.0.1:{prefect_port}/api",
         "mlflow_ui": f"http://127.0.0.1:{mlflow_port}",
     }
-    assert _status_code(f"{got['prefect_api']}/health") == 200
-    assert _status_code(f"{got['mlflow_ui']}/health") == 200
+    assert healthy(f"{got['prefect_api']}/health") and healthy(f"{got['mlflow_ui']}/health")
     assert services.running_prefect_api(state) == got["prefect_api"]
     with urllib.request.urlopen(f"{got['prefect_api']}/admin/settings", timeout=10) as resp:
         server = json.load(resp)["server"]["services"]  # the write batching of flows.prefect_tuning reached it
@@ -100,7 +85,7 @@ def test_up_status_idempotent_down(state: Path, ports: tuple[int, int]) -> None:
     pids = [st[n]["pid"] for n in ("prefect", "mlflow")]
     assert services.down(state) == ["mlflow", "prefect"]
     assert not any(_pid_exists(p) for p in pids)
-    assert not _port_open(prefect_port) and not _port_open(mlflow_port)
+    assert not port_open("127.0.0.1", prefect_port) and not port_open("127.0.0.1", mlflow_port)
     assert not list((state / "services").glob("*.pid"))
     assert services.running_prefect_api(state) is None
     assert services.down(state) == []
