@@ -4,8 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
-export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# The tests and the demo never need the hub: offline, a stray hub call fails at once instead of waiting on a network.
+# Not for `up`: its services serve hub runs. `make demo` starts those same services, which outlive it, so the marker
+# names the switch that is ours and the services drop it (flows/services.py, `inherited_offline`; the demo's own
+# flow, run by them, makes no hub call). A switch the user set is theirs: then make sets neither.
+ifndef HF_HUB_OFFLINE
+test demo: export HF_HUB_OFFLINE := 1
+demo: export RLHF_OFFLINE_FROM_MAKE := HF_HUB_OFFLINE
+endif
 
 .PHONY: setup demo test up down bench clean
 

@@ -29,7 +29,10 @@ from rlhf_lib.process import configure_process
 def build_tokenizer(c: BenchPipelineConfig, corpus: list[str]):
     """BPE (Metaspace) trained on the synthetic corpus, as TRL's baseline does, with EOS and PAD given the ids just
     past the model's vocabulary: the policy can never sample them, so every response runs all `ppo.max_new_tokens`
-    tokens, all real (TRL: `stop_token=None`, `pad_outside_vocab`)."""
+    tokens, all real (TRL: `stop_token=None`, `pad_outside_vocab`). The corpus yields at most 1024 tokens; a larger
+    `model.vocab_size` (GPT-2's 50,257) is filled with entries no merge produces, or EOS would land inside it."""
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -38,8 +41,11 @@ def build_tokenizer(c: BenchPipelineConfig, corpus: list[str]):
     tok.decoder = decoders.Metaspace()
     size = min(c.model.vocab_size, 1024)
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=size, special_tokens=["[UNK]"], show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
-    fast.add_special_tokens({"eos_token": "[EOS]", "pad_token": "[PAD]"})  # ids size, size + 1
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]  # ids 0 .. len - 1
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), c.model.vocab_size)})
+    fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), unk_token="[UNK]")
+    fast.add_special_tokens({"eos_token": "[EOS]", "pad_token": "[PAD]"})  # ids vocab_size, vocab_size + 1
     return fast
 
 

@@ -175,8 +175,52 @@ def cmd_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Each stage's memory estimate (`rlhf_lib.memory`) against one device: exit 1, with each refusal, when a stage
+    does not fit."""
+    from rich.console import Console as RichConsole
+    from rich.table import Table
+
+    from rlhf_lib.memory import STAGES, GiB, MemoryBudgetError, check, device_budget, estimate, human
+    from rlhf_lib.shapes import resolve_models
+
+    sets = [*(args.set or []), *([f"model.name_or_path={args.shape}"] if args.shape else [])]
+    cfg = load_config(args.preset, args.config, sets)
+    budget = ((int(args.budget_gb * GiB), f"--budget-gb {args.budget_gb:g}") if args.budget_gb is not None
+              else device_budget(cfg.resources))
+    models = resolve_models(cfg)
+    estimates = [estimate(cfg, stage, models) for stage in args.stage or STAGES]
+    refusals: dict[str, str] = {}
+    for est in estimates:
+        try:
+            check(est, *budget) if budget else None
+        except MemoryBudgetError as e:
+            refusals[est.stage] = str(e)
+    if args.json:
+        print(json.dumps({"budget_bytes": budget[0] if budget else None, "budget": budget[1] if budget else None,
+                          "stages": [est.to_dict() | {"fits": est.stage not in refusals} for est in estimates]}))
+    else:
+        table = Table("stage", "weights", "grads", "Adam", "activations (peak phase)", "runtime", "total", "fits",
+                      "largest part", title=f"Memory of one device (GB = GiB), {cfg.resources.num_processes} "
+                      f"process(es); budget: {f'{human(budget[0])} ({budget[1]})' if budget else 'none (no check)'}")
+        for est in estimates:
+            k, top = est.by_kind(), est.largest(1)[0]
+            table.add_row(est.stage, *(human(k[kind]) for kind in ("weights", "grads", "adam")),
+                          f"{human(k['activations'])} ({est.peak_phase})", human(k["runtime"]), human(est.total),
+                          "-" if not budget else "no" if est.stage in refusals else "yes",
+                          f"{top.kind}: {top.name} {human(top.bytes)}")
+        out = RichConsole(highlight=False, width=160)
+        out.print(", ".join(f"{role}: {n:,} parameters" for role, n in estimates[0].params.items())
+                  + f"; trained weights in {models.dtype}, frozen in {cfg.resources.frozen_dtype}")
+        out.print(table)
+    for message in refusals.values():
+        print(f"rlhf: out of memory: {message}", file=sys.stderr, flush=True)
+    return 1 if refusals else 0
+
+
 def parser() -> argparse.ArgumentParser:
     from benchmarks.cli import add_parser as add_bench
+    from rlhf_lib.shapes import SHAPES
 
     presets = ", ".join(preset_names())
     p = argparse.ArgumentParser(prog="rlhf", description="A reproducible RLHF pipeline of cached stages.")
@@ -201,6 +245,18 @@ def parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("reference", help="print the config and metric reference (docs/reference.md)")
     ref.add_argument("--check", metavar="FILE", help="fail unless FILE holds exactly the reference")
     ref.set_defaults(fn=cmd_reference)
+    pl = sub.add_parser("plan", help="estimate each stage's memory on one device (exit 1 when one does not fit)")
+    pl.add_argument("--preset", default="demo", help=f"named preset, one of: {presets} (default demo)")
+    pl.add_argument("--config", help="YAML file merged over the preset")
+    pl.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one key, e.g. ppo.batch_size=128")
+    pl.add_argument("--shape", choices=list(SHAPES), help="size this known model as the policy, without downloading "
+                    "it (sets model.name_or_path)")
+    pl.add_argument("--stage", action="append", choices=("sft", "reward", "ppo", "eval"),
+                    help="only this stage (repeatable; default all four)")
+    pl.add_argument("--budget-gb", type=float, help="memory of one device in GB (GiB); default resources.memory_gb, "
+                    "else the GPU's total memory, else no check")
+    pl.add_argument("--json", action="store_true", help="print the estimates as one JSON object")
+    pl.set_defaults(fn=cmd_plan)
     u = sub.add_parser("up", help="start the Prefect server, MLflow server and deployments")
     u.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
     u.set_defaults(fn=cmd_up)

@@ -7,7 +7,7 @@ import hashlib
 import time
 from typing import Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
@@ -95,8 +95,12 @@ def rlhf(
     such as `{"ppo": {"lr": 1e-4}}` changes one key of the preset; without it `config` is used as it is.
     """
     if preset is not None:
+        from rlhf_lib.config.advice import tiny_defaults
+
         config = merged_config(preset, config)
         record_parameters({"config": config.model_dump(mode="json")})
+        for message in tiny_defaults(config):  # a deployment run's config never passes through the CLI's advice
+            get_run_logger().warning(message)
     force = downstream_of(force or [])
     configure_process(config.torch_threads)
     t0 = time.perf_counter()

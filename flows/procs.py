@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,13 @@ class Service:
     url: str  # the base URL reported to the user (and recorded beside the pid file)
     port: int | None  # checked for a foreign listener before starting; None for serve (no port of its own)
     ready: Callable[[Path], bool]  # receives the state dir; True once the service answers as ready
+    unset: tuple[str, ...] = ()  # inherited variables the service must not see
+
+
+def child_env(svc: Service, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment `svc` starts with: `base` (this process's) without `svc.unset`, then `svc.env` over it."""
+    inherited = os.environ if base is None else base
+    return {**{k: v for k, v in inherited.items() if k not in svc.unset}, **svc.env}
 
 
 def services_dir(state: Path) -> Path:
@@ -116,7 +123,7 @@ def spawn(state: Path, svc: Service) -> int:
     if "PREFECT_HOME" in svc.env:
         Path(svc.env["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect does not create its parents
     with open(log_file(state, svc.name), "wb") as log:  # truncated: the tail on failure is this attempt's
-        proc = subprocess.Popen(svc.argv, env={**os.environ, **svc.env}, cwd=svc.cwd, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(svc.argv, env=child_env(svc), cwd=svc.cwd, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     _pid_file(state, svc.name).write_text(f"{proc.pid} {psutil.Process(proc.pid).create_time()}\n")
     _url_file(state, svc.name).write_text(f"{svc.url}\n")

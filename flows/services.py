@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,9 @@ SERVE_DEPLOYMENT = "rlhf/full"  # registered by `rlhf serve`; its presence (fres
 
 # Startup order; `down` stops in reverse, so the deployment server goes before the Prefect server it talks to.
 ORDER = ("prefect", "mlflow", "serve")
+# The hub's offline switches, and the variable in which the Makefile names those it set itself (for `make demo`).
+HUB_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+MAKE_OFFLINE_MARKER = "RLHF_OFFLINE_FROM_MAKE"
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,19 @@ def _prefect_home(state: Path) -> str:
     return os.environ.get("PREFECT_HOME") or str(Path(state).resolve() / "prefect")
 
 
+def inherited_offline(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The variables the services must not inherit: the hub switches the Makefile set for `make demo` (named in
+    `RLHF_OFFLINE_FROM_MAKE`), and the marker. The services outlive the demo and serve hub runs too, which the switch
+    would make fail; one the user set is not named, and stays."""
+    if MAKE_OFFLINE_MARKER not in environ:
+        return ()
+    named = environ[MAKE_OFFLINE_MARKER].split()
+    return (*[v for v in HUB_OFFLINE if v in named], MAKE_OFFLINE_MARKER)
+
+
 def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Service]:
     state = Path(state).resolve()
+    unset = inherited_offline(os.environ)
     # PREFECT_UI_API_URL: `prefect server start --port N` alone tells its UI the API is on the default port 4200.
     prefect_env = {**server_batching(), "PREFECT_HOME": _prefect_home(state),
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api}
@@ -114,6 +129,7 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
             url=ep.prefect_ui,
             port=ep.prefect_port,
             ready=lambda _s: healthy(f"{ep.prefect_api}/health"),
+            unset=unset,
         ),
         "mlflow": Service(
             name="mlflow",
@@ -129,6 +145,7 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
             url=ep.mlflow_ui,
             port=ep.mlflow_port,
             ready=lambda _s: healthy(f"{ep.mlflow_ui}/health"),
+            unset=unset,
         ),
         "serve": Service(
             name="serve",
@@ -138,6 +155,7 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
             url=ep.prefect_api,
             port=None,
             ready=lambda s: _serve_ready(ep.prefect_api, started_at(s, "serve")),
+            unset=unset,
         ),
     }
 

@@ -3,6 +3,7 @@ validated as one typed config (`rlhf_lib.config.build_config`). Errors are `Conf
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,4 +44,19 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def load_config(preset: str, config_file: str | None = None, sets: Sequence[str] = (),
                 schema: type[PipelineConfig] = PipelineConfig, dirs: Sequence[Path] = (PRESETS,)) -> PipelineConfig:
     layers = [preset_layer(preset, dirs)] + ([file_layer(config_file)] if config_file else [])
-    return build_config(layers, sets, schema)
+    cfg = build_config(layers, sets, schema)
+    advise(cfg)
+    return cfg
+
+
+class TinyDefaultsWarning(UserWarning):
+    """A pretrained model with a key still sized for the built-in tiny GPT-2 (`rlhf_lib.config.advice`)."""
+
+
+def advise(cfg: PipelineConfig) -> None:
+    """Warn (stderr, so `--json` output stays clean) about keys sized for the tiny model while a pretrained one is
+    loaded: the run is valid, only likely to diverge or to cut every row short."""
+    from rlhf_lib.config.advice import tiny_defaults
+
+    for message in tiny_defaults(cfg):
+        warnings.warn(message, TinyDefaultsWarning, stacklevel=3)

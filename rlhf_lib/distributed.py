@@ -29,8 +29,8 @@ def launched() -> bool:
 
 
 def make_accelerator(mixed_precision: str = "no", cpu: bool = False) -> Accelerator:
-    """An `Accelerator` on the GPU where there is one, else CPU processes joined by gloo; `cpu=True`: CPU processes
-    (gloo) even where there is a GPU.
+    """An `Accelerator` on the GPU where there is one (NCCL between launched processes), else CPU processes joined by
+    gloo; `cpu=True`: CPU processes (gloo) even where there is a GPU.
 
     In a process that is not part of a launched group, Accelerate's process-wide state is reset first, so one
     Python process (a test session, a notebook) can train one stage in fp32 and the next in bf16.
@@ -51,19 +51,26 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False) -> Accelera
 
 
 class ProcessGroup:
-    """This process's place among the stage's training processes. Build one per training run.
+    """This process's place among the stage's training processes, on `device` (`resources.device`: auto, cpu,
+    cuda, cuda:N; a launched process on a GPU takes cuda:LOCAL_RANK). Build one per training run.
 
     Accelerate is started only when something needs it (preparing a model, a launched group): one process that
-    trains in fp32 without preparing anything, such as PPO in the stage's own process, never imports it.
+    trains without preparing anything, such as PPO in the stage's own process, never imports it.
     """
 
-    def __init__(self, mixed_precision: str = "no", cpu: bool = False):
+    def __init__(self, mixed_precision: str = "no", device: str = "auto"):
+        from rlhf_lib.devices import resolve_device
+
         if mixed_precision not in MIXED_PRECISION:
             raise ValueError(f"resources.mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
-        if mixed_precision == "fp16" and (cpu or not torch.cuda.is_available()):
+        self._device = resolve_device(device)
+        self.cpu = self._device.type == "cpu"
+        if mixed_precision == "fp16" and self.cpu:
             raise ValueError("resources.mixed_precision=fp16 needs a CUDA GPU (loss scaling); use bf16 or no on CPU")
-        self.mixed_precision, self.cpu = mixed_precision, cpu
-        self._acc: Accelerator | None = make_accelerator(mixed_precision, cpu) if launched() else None
+        if self._device.index is not None and not launched():
+            torch.cuda.set_device(self._device)  # Accelerate's single process uses the current CUDA device
+        self.mixed_precision = mixed_precision
+        self._acc: Accelerator | None = make_accelerator(mixed_precision, self.cpu) if launched() else None
 
     @property
     def acc(self) -> Accelerator:
@@ -87,7 +94,7 @@ class ProcessGroup:
     def device(self) -> torch.device:
         if self._acc:
             return self._acc.device
-        return torch.device("cuda" if torch.cuda.is_available() and not self.cpu else "cpu")
+        return self._device
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Sum of each value over processes (one float64 all-reduce)."""

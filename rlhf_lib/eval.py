@@ -44,25 +44,28 @@ class EvalResult:
 @torch.inference_mode()
 def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, batch_size: int = 64,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None,
+    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None,
 ) -> Generations:
-    """Sample `model` on `prompts` (seeded by `cfg.seed`), and score each response with the RM (through
-    `reward_tokenizer` when the RM has its own), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in
-    nats) and the judge."""
+    """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
+    response with the RM (through `reward_tokenizer` when the RM has its own), the KL to `ref` (sum over tokens of
+    log pi - log pi_ref, k1, in nats) and the judge. The models may sit on any device; the figures come back as
+    float32 on the CPU. `chunk`: response positions projected to the vocabulary at a time in the KL's log-probs."""
     gen = torch.Generator().manual_seed(cfg.seed)
     texts, scores, lengths, eos, kls = [], [], [], [], []
+    batch_size = cfg.batch_size
     for i in range(0, len(prompts), batch_size):
         q, qm = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_tokens)
         r, rm, logp = sample(model, q, qm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=gen)
-        ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature)
+        ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)
         texts += decode_responses(tokenizer, r, rm)
-        scores.append(sequence_scores(reward, *concat(q, qm, r, rm)) if reward_tokenizer is None
-                      else retokenized_scores(reward, reward_tokenizer, tokenizer, q, qm, r, rm))
-        lengths.append(rm.sum(1).float())
-        eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id))
-        kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1))
+        score = (sequence_scores(reward, *concat(q, qm, r, rm)) if reward_tokenizer is None
+                 else retokenized_scores(reward, reward_tokenizer, tokenizer, q, qm, r, rm))
+        scores.append(score.float().cpu())
+        lengths.append(rm.sum(1).float().cpu())
+        eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id).cpu())
+        kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1).float().cpu())
     gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
     return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold)
 
@@ -109,11 +112,11 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
 def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference)."""
     args = (reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    pol = generate_and_score(policy, sft, *args, reward_tokenizer=reward_tokenizer)
-    base = generate_and_score(sft, sft, *args, reward_tokenizer=reward_tokenizer)
+    pol = generate_and_score(policy, sft, *args, reward_tokenizer=reward_tokenizer, chunk=chunk)
+    base = generate_and_score(sft, sft, *args, reward_tokenizer=reward_tokenizer, chunk=chunk)
     return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),
                       {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()})

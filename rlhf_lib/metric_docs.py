@@ -53,7 +53,8 @@ PPO = (
        "(mean over the update's steps)", "`loss/value` growing: critic diverging; NaN: stop"),
     _m("loss/ptx", "PPO-ptx: SFT cross-entropy of the policy on demonstrations (`ppo.ptx_coef` > 0)",
        "rising steadily: the policy is losing what SFT taught it (raise `ppo.ptx_coef`)"),
-    _m("policy/entropy", "mean per-token entropy of the policy on the rollout's tokens, at the sampling temperature",
+    _m("policy/entropy", "mean per-token entropy of the policy on the rollout's tokens, at the sampling temperature (the "
+       "first epoch's steps when `ppo.ent_coef` = 0, every step otherwise)",
        "dropping to ~0 in a few iterations: entropy collapse"),
     _m("policy/clipfrac", "share of tokens where the clipped surrogate is active",
        "above ~0.3: steps too large (lower `ppo.lr` or `ppo.epochs`)"),

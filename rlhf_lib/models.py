@@ -74,16 +74,21 @@ def load_tokenizer(name_or_path: str | Path, revision: str | None = None,
 
 
 def load_pretrained(name_or_path: str | Path, auto_class: str, tokenizer: PreTrainedTokenizerBase,
-                    revision: str | None = None, trust_remote_code: bool = False, **config_kw) -> PreTrainedModel:
+                    revision: str | None = None, trust_remote_code: bool = False,
+                    dtype: torch.dtype | str = torch.float32, **config_kw) -> PreTrainedModel:
     """`transformers.<auto_class>.from_pretrained` without dropout, with embeddings for every token of `tokenizer`
-    and its PAD id. Dropout goes off in the config before the model is built: its modules read it only then."""
+    and its PAD id, its weights in `dtype` whatever dtype the checkpoint was saved in ("auto": the saved one).
+    Dropout goes off in the config before the model is built: its modules read it only then.
+
+    The dtype is explicit because transformers 5 loads a checkpoint in its saved dtype by default: a bf16 hub model
+    would train in pure bf16 with Adam's moments in bf16, where PPO's small steps round away (model.dtype)."""
     import transformers
 
     kw = hub_kwargs(revision, trust_remote_code)
     config = transformers.AutoConfig.from_pretrained(str(name_or_path), **kw, **config_kw)
     _no_dropout(config)
     config.pad_token_id = tokenizer.pad_token_id
-    model = getattr(transformers, auto_class).from_pretrained(str(name_or_path), config=config, **kw)
+    model = getattr(transformers, auto_class).from_pretrained(str(name_or_path), config=config, dtype=dtype, **kw)
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer))
     return model
@@ -130,26 +135,30 @@ def build_policy(
     seed: int = 0,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    dtype: torch.dtype | str = torch.float32,
 ) -> PreTrainedModel:
-    """A causal LM: loaded through `from_pretrained` when `name_or_path` is set, else a fresh GPT-2."""
+    """A causal LM: loaded through `from_pretrained` when `name_or_path` is set, else a fresh GPT-2; in `dtype`."""
     from transformers import GPT2LMHeadModel
 
     if name_or_path:
-        model = load_pretrained(name_or_path, "AutoModelForCausalLM", tokenizer, revision, trust_remote_code)
+        model = load_pretrained(name_or_path, "AutoModelForCausalLM", tokenizer, revision, trust_remote_code, dtype)
     else:
         torch.manual_seed(seed)
         model = GPT2LMHeadModel(gpt2_config(tokenizer, n_layer, n_head, n_embd, n_positions))
+        if isinstance(dtype, torch.dtype):
+            model.to(dtype)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval()
 
 
-def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0,
-                       trust_remote_code: bool = False) -> PreTrainedModel:
+def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0, trust_remote_code: bool = False,
+                       dtype: torch.dtype | str = torch.float32) -> PreTrainedModel:
     """A backbone with a scalar `.score` head: the reward model, and the value model of PPO.
 
     `source` is either a causal LM whose backbone weights are copied (the RM starts from SFT, as in InstructGPT)
-    or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM).
+    or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM). A loaded
+    model's weights are in `dtype` ("auto": as saved); a copied one keeps the source's dtype.
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -157,12 +166,13 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0,
         kw = hub_kwargs(None, trust_remote_code)
         config = AutoConfig.from_pretrained(str(source), num_labels=1, **kw)
         _no_dropout(config)
-        return AutoModelForSequenceClassification.from_pretrained(str(source), config=config, **kw).eval()
+        return AutoModelForSequenceClassification.from_pretrained(str(source), config=config, dtype=dtype,
+                                                                  **kw).eval()
     cfg = source.config.__class__.from_dict(source.config.to_dict())
     cfg.num_labels = 1
     _no_dropout(cfg)
     torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_config(cfg)
+    model = AutoModelForSequenceClassification.from_config(cfg).to(source.dtype)
     missing, _ = model.base_model.load_state_dict(source.base_model.state_dict(), strict=False)
     if missing:
         raise ValueError(f"backbone weights missing when copying from the policy: {missing[:5]}")
@@ -172,12 +182,12 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0,
 
 
 def build_reward_base(name_or_path: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0, revision: str | None = None,
-                      trust_remote_code: bool = False) -> PreTrainedModel:
+                      trust_remote_code: bool = False, dtype: torch.dtype | str = torch.float32) -> PreTrainedModel:
     """A reward model from a pretrained checkpoint of its own (`reward.name_or_path`): its backbone, and a fresh
     zero-initialised scalar head (the untrained RM scores every input 0)."""
     torch.manual_seed(seed)
     model = load_pretrained(name_or_path, "AutoModelForSequenceClassification", tokenizer, revision,
-                            trust_remote_code, num_labels=1)
+                            trust_remote_code, dtype, num_labels=1)
     torch.nn.init.zeros_(model.score.weight)
     if getattr(model.score, "bias", None) is not None:
         torch.nn.init.zeros_(model.score.bias)
@@ -187,6 +197,19 @@ def build_reward_base(name_or_path: str, tokenizer: PreTrainedTokenizerBase, see
 def fit_length(max_length: int, model: PreTrainedModel) -> int:
     """A configured sequence length, capped at what the model's position embeddings cover."""
     return min(max_length, getattr(model.config, "max_position_embeddings", None) or max_length)
+
+
+def set_checkpointing(model: PreTrainedModel, on: bool) -> None:
+    """Turn transformers' gradient (activation) checkpointing on or off. Non-reentrant: the variant that works under
+    DDP (no "marked ready twice") and without inputs that require grad. It recomputes only in training mode."""
+    if on and not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"gradient checkpointing: {type(model).__name__} does not support it")
+    # transformers 5 renamed it activation checkpointing; 4.x has only the old name.
+    if on:
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(
+            {"use_reentrant": False})
+    else:
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

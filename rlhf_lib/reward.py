@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.data.records import PairExample, RankedExample
+from rlhf_lib.devices import module_device
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
 from rlhf_lib.ppo.scoring import no_cache, sequence_scores
@@ -145,18 +146,22 @@ def score_texts(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], responses: Sequence[str],
     max_length: int, batch_size: int = 64,
 ) -> torch.Tensor:
-    """Reward-model scores of (prompt, response) texts, EOS appended as in training. Shape: (N,)."""
+    """Reward-model scores of (prompt, response) texts, EOS appended as in training, `batch_size` rows per forward
+    on the model's device. Shape: (N,) float32, on the CPU."""
+    device = module_device(model)
     out = []
     for i in range(0, len(prompts), batch_size):
         ids, mask = _encode(tokenizer, list(zip(prompts[i : i + batch_size], responses[i : i + batch_size])), max_length)
-        out.append(sequence_scores(model, ids, mask))
+        out.append(sequence_scores(model, ids.to(device), mask.to(device)).float().cpu())
     return torch.cat(out) if out else torch.zeros(0)
 
 
 def pairwise_accuracy(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample], max_length: int
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample], max_length: int,
+    batch_size: int = 64,
 ) -> float:
-    """Share of pairs where the model scores `chosen` above `rejected`."""
-    chosen = score_texts(model, tokenizer, [p.prompt for p in pairs], [p.chosen for p in pairs], max_length)
-    rejected = score_texts(model, tokenizer, [p.prompt for p in pairs], [p.rejected for p in pairs], max_length)
+    """Share of pairs where the model scores `chosen` above `rejected` (`batch_size` rows per forward)."""
+    prompts = [p.prompt for p in pairs]
+    chosen = score_texts(model, tokenizer, prompts, [p.chosen for p in pairs], max_length, batch_size)
+    rejected = score_texts(model, tokenizer, prompts, [p.rejected for p in pairs], max_length, batch_size)
     return float((chosen > rejected).float().mean())

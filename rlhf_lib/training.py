@@ -21,6 +21,7 @@ import torch
 
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink, metrics_log
+from rlhf_lib.models import set_checkpointing
 
 T = TypeVar("T")
 
@@ -117,12 +118,10 @@ class SupervisedRun:
                  gradient_checkpointing: bool = False):
         self.group, self.gradient_checkpointing = group, gradient_checkpointing
         if gradient_checkpointing:
-            if not getattr(model, "supports_gradient_checkpointing", False):
-                raise ValueError(f"resources.gradient_checkpointing: {type(model).__name__} does not support it")
-            # Non-reentrant checkpointing is the variant that works under DDP (no "marked ready twice").
-            # transformers 5 renamed it activation checkpointing; 4.x has only the old name.
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable({"use_reentrant": False})
+            try:
+                set_checkpointing(model, True)
+            except ValueError as e:
+                raise ValueError(f"resources.gradient_checkpointing: {e}") from None
         ds = getattr(group.acc.state, "deepspeed_plugin", None)
         if ds is not None:  # no DataLoader to infer it from; DeepSpeed only uses it for its own bookkeeping
             ds.deepspeed_config["train_micro_batch_size_per_gpu"] = 1
@@ -148,13 +147,12 @@ class SupervisedRun:
         return value, float(grad_norm) if grad_norm is not None else math.nan
 
     def finish(self) -> torch.nn.Module:
-        """After training: the unwrapped model in eval mode, and with one process back on the CPU."""
+        """After training: the unwrapped model in eval mode, on the device it trained on (the stage scores its
+        held-out data there)."""
         inner = self.group.unwrap(self.model)
         inner.eval()
         if self.gradient_checkpointing:
-            (getattr(inner, "activation_checkpointing_disable", None) or inner.gradient_checkpointing_disable)()
-        if self.group.world == 1:
-            inner.to("cpu")
+            set_checkpointing(inner, False)
         return inner
 
 
@@ -167,7 +165,7 @@ def run_launched(train, load, job: dict[str, Any], workdir: Path, sink: Sink) ->
 
     tokenizer = load_tokenizer(workdir / "init")
     model = load(workdir / "init", tokenizer)
-    group = ProcessGroup(job["mixed_precision"])
+    group = ProcessGroup(job["mixed_precision"], job.get("device", "auto"))
     log = metrics_log(sink) if group.is_main else None
     final, prepared = train(model, tokenizer, job["examples"], job["config"], log, group, job["gradient_checkpointing"])
     state = group.full_state_dict(prepared)  # every process takes part in gathering the shards

@@ -2,7 +2,9 @@
 
 Order matters for "nothing half-written is registered or cached": the artifacts are logged first, then the
 model version is registered, and only then does the run get its `rlhf.cache_key` tag and the FINISHED status
-that `lookup` requires. A stage that raises ends FAILED, without the tag, and is never a cache hit.
+that `lookup` requires. A stage that raises ends FAILED, without the tag, and is never a cache hit. Once published,
+the stage's output dir moves into the local artifact cache (`stages.artifact_cache.adopt`), so the stages downstream
+read it without downloading what was just uploaded.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from rlhf_lib.events import Event, Metrics, Notice, Table, Tags
-from stages import progress
+from stages import artifact_cache, progress
 from stages.cache import StageResult, cache_key, lookup
 from stages.home import file_lock
 from stages.manifest import write_manifest
@@ -33,7 +35,6 @@ from stages.tracking import (
     MODEL_NAMES,
     RetryingClient,
     StageRun,
-    download,
     register,
     store_call,
 )
@@ -84,8 +85,10 @@ def run_cached(
     upstream: dict[str, StageResult],
     data_fingerprint: str,
     build: BuildFn,
-) -> tuple[StageResult, Path]:
-    """Return the stage's result and the local path of its artifacts, from the cache or by running `build`.
+    fetch: bool = False,
+) -> tuple[StageResult, Path | None]:
+    """Return the stage's result and, with `fetch`, the local path of its artifacts: from the cache or by running
+    `build`. Without `fetch` a cache hit downloads nothing (the stages downstream fetch what they read).
 
     The look-up and the run happen under a lock on the cache key, so two pipelines started together do not both
     train and register the same stage: the second waits, then finds the first one's result.
@@ -95,7 +98,7 @@ def run_cached(
     key = cache_key(stage, section, {k: v.digest for k, v in upstream.items()}, data_fingerprint)
     with key_lock(stage, key):
         if stage not in ctx.force:
-            hit = lookup_task(ctx.experiment_id, stage, key)
+            hit = lookup_task(ctx.experiment_id, stage, key, fetch)
             if hit is not None:
                 result, local = hit
                 result.seconds = time.perf_counter() - t0
@@ -104,7 +107,7 @@ def run_cached(
                 return result, local
         result = _run(ctx, stage, key, section, upstream, data_fingerprint, build)
     result.seconds = time.perf_counter() - t0
-    return result, download(result.artifact_uri)
+    return result, artifact_cache.download(result.artifact_uri, result.digest) if fetch else None
 
 
 def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstream: dict[str, StageResult],
@@ -115,7 +118,8 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
     run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, f"{stage}-{key[:8]}", lineage_tags(lineage))
     get_run_logger().info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
     try:
-        with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-") as tmp:
+        # In the cache's staging dir, so that keeping the published output (`adopt`) is a rename.
+        with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-", dir=artifact_cache.staging()) as tmp:
             out_dir = Path(tmp) / ARTIFACT_DIR[stage]
             out_dir.mkdir()
             run.log_params(flatten(section))  # under their config keys: `ppo.lr`, `model.n_positions`
@@ -123,6 +127,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)
             model_uri = publish_task(run, out_dir, lineage, digest)
+            artifact_cache.adopt(out_dir, f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}")
     except BaseException as e:
         run.send_pending()  # one try: a failed run still shows its last metrics (the NaN, the alarm) if the store is up
         if isinstance(e, KeyboardInterrupt):
@@ -141,8 +146,8 @@ _IO = dict(cache_policy=NO_CACHE, persist_result=False)
 
 
 @task(name="lookup-cache", **_IO)
-def lookup_task(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
-    return lookup(experiment_id, stage, key)
+def lookup_task(experiment_id: str, stage: str, key: str, fetch: bool = False) -> tuple[StageResult, Path | None] | None:
+    return lookup(experiment_id, stage, key, fetch)
 
 
 @task(name="publish", **_IO)

@@ -3,8 +3,10 @@
 A stage's key covers (DESIGN section 1): its own config section, the identities of its upstream artifacts
 (content digests), the fingerprint of its input data, and a hash of the source of the code it runs: every project
 module its stage module imports, directly or not (`stages.code_deps`). A hit needs a
-FINISHED MLflow run carrying that key whose artifacts are still there and intact: a deleted or corrupted
-artifact is a miss, never a stale hit.
+FINISHED MLflow run carrying that key whose artifacts are still there: its manifest matches the digest recorded at log
+time and lists no file the store lacks, so a deleted artifact is a miss, never a stale hit. A look-up reads tags,
+the manifest and a listing, never the model files: those are downloaded (once per machine, checked against the
+digest) only by a stage that runs on them (`stages.artifact_cache`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from stages.artifact_cache import download, intact, resolve
 from stages.code_deps import ROOT, source_files
-from stages.manifest import dir_digest, manifest_digest, read_manifest, verify_manifest
+from stages.manifest import content_digest, read_manifest, verify_manifest
 from stages.net import ArtifactNotFound
-from stages.tracking import download, model_version, newest_runs
+from stages.tracking import RetryingClient, model_version, newest_runs
 
 # Numerics also depend on these libraries' versions (datasets parses the user's CSV, JSON and Parquet files).
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "datasets")
@@ -79,8 +82,8 @@ def cache_key(stage: str, section: dict[str, Any], upstream: dict[str, str], dat
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path] | None:
-    """The newest intact finished run of `stage` with `key`, and the local path of its artifacts."""
+def lookup(experiment_id: str, stage: str, key: str, fetch: bool = False) -> tuple[StageResult, Path | None] | None:
+    """The newest intact finished run of `stage` with `key`, and with `fetch` the local path of its artifacts."""
     runs = newest_runs(experiment_id, stage, f"tags.`rlhf.cache_key` = '{key}' and attributes.status = 'FINISHED'")
     for run in runs:
         tags = run.data.tags
@@ -88,10 +91,10 @@ def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path]
         if not uri or not digest:
             continue
         try:
-            local = download(uri)
+            local = download(uri, digest) if fetch else None  # first: then its manifest is read from the copy
         except ArtifactNotFound:
             continue
-        if not verify_manifest(local, digest):
+        if not intact(uri, digest):
             continue
         return (
             StageResult(stage=stage, status="cached", cache_key=key, mlflow_run_id=run.info.run_id,
@@ -104,20 +107,27 @@ def lookup(experiment_id: str, stage: str, key: str) -> tuple[StageResult, Path]
 def given_model(stage: str, uri: str) -> StageResult:
     """A stage result for a model the user named instead of the cached stage (`models:/rlhf-reward/3`,
     `models:/rlhf-reward@champion`, `runs:/<id>/model`, or any artifact URI). Its identity is the digest of its
-    files, so downstream cache keys follow the model, not the name. It counts as `cached`: nothing was trained."""
-    run_id, source = "", uri
+    files, so downstream cache keys follow the model, not the name: the digest recorded when it was logged (the
+    version's or run's `rlhf.digest` tag), computed from a download only for a model this pipeline did not log. It
+    counts as `cached`: nothing was trained."""
+    run_id, source, tags = "", uri, {}
     if uri.startswith("models:/"):
         mv = model_version(uri)  # a missing version or alias is named here, before anything is downloaded
-        uri, run_id = f"models:/{mv.name}/{mv.version}", mv.run_id or ""
-    elif uri.startswith("runs:/"):
-        run_id = uri.removeprefix("runs:/").split("/")[0]
-    local = download(uri)
-    files = read_manifest(local)
-    if files is not None:
-        digest = manifest_digest(files)
-        if not verify_manifest(local, digest):
-            raise ArtifactNotFound(f"{source}: files do not match its manifest.json (corrupted or partly deleted)")
+        uri, run_id, tags = f"models:/{mv.name}/{mv.version}", mv.run_id or "", mv.tags
+        location = resolve(mv.source)
     else:
-        digest = dir_digest(local)
-    return StageResult(stage=stage, status="cached", cache_key="", mlflow_run_id=run_id, artifact_uri=str(local),
+        location = resolve(uri)
+        if uri.startswith("runs:/"):
+            run_id = uri.removeprefix("runs:/").split("/")[0]
+            run_tags = RetryingClient().get_run(run_id).data.tags
+            tags = run_tags if run_tags.get("rlhf.artifact_uri") == location else {}
+    digest = tags.get("rlhf.digest")
+    if digest is None:  # not logged by this pipeline: its files are its identity
+        local = download(location)
+        digest = content_digest(local)
+        if read_manifest(local) is not None and not verify_manifest(local, digest):
+            raise ArtifactNotFound(f"{source}: files do not match its manifest.json (corrupted or partly deleted)")
+    elif not intact(location, digest):
+        raise ArtifactNotFound(f"{source}: files do not match its manifest.json (corrupted or partly deleted)")
+    return StageResult(stage=stage, status="cached", cache_key="", mlflow_run_id=run_id, artifact_uri=location,
                        digest=digest, model_uri=uri if uri.startswith("models:/") else None, source=source)

@@ -12,15 +12,19 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.devices import autocast, weights_dtype
+from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.eval import evaluate
+from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
 from rlhf_lib.reward import pairwise_accuracy
+from stages.artifact_cache import download
 from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge, source_info
 from stages.report import CURVES, render_html
-from stages.tracking import RetryingClient, StageRun, download, model_version
+from stages.tracking import RetryingClient, StageRun, model_version
 
 
 def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -36,13 +40,17 @@ def ppo_alarms(ppo_run_id: str) -> list[str]:
     return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[str, Path],
-           upstream: dict[str, StageResult]):
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult]):
     def build(run: StageRun, out_dir: Path) -> None:
-        trust = cfg.model.trust_remote_code
-        policy, tokenizer = load_causal_lm(dirs["ppo"], trust)
-        sft, _ = load_causal_lm(dirs["sft"], trust)
-        reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code)
+        preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
+        dirs = {k: download(v.artifact_uri, v.digest) for k, v in upstream.items()}  # not before the look-up
+        trust, dtype = cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype)
+        device = ProcessGroup(device=cfg.resources.device).device
+        policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
+        sft, _ = load_causal_lm(dirs["sft"], trust, dtype)
+        reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype)
+        for model in (policy, sft, reward):
+            model.to(device)
         reward_tokenizer = load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
@@ -50,13 +58,18 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
         judge = gold_score if has_judge(data_dir) else None
         max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
         own = None if same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
-        result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge, reward_tokenizer=own)
+        precision = autocast(device, cfg.resources.mixed_precision)
+        with precision():
+            result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge,
+                              reward_tokenizer=own, chunk=cfg.ppo.logprob_chunk)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data.
         max_length = fit_length(cfg.reward.max_length, reward)
-        metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length)
+        with precision():
+            metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
+                                                                 cfg.reward.eval_batch_size)
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
         info = source_info(data_dir)
         summary = {
@@ -81,14 +94,15 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, dirs: dict[st
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
                reward: StageResult, ppo: StageResult) -> tuple[StageResult, dict]:
     """Evaluate on held-out prompts; returns the stage result and the report's metrics."""
-    data_dir = download(data.artifact_uri)
+    data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft, "reward": reward, "ppo": ppo}
-    dirs = {k: download(v.artifact_uri) for k, v in upstream.items()}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
-    section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions},
-               "reward": {"max_length": config.reward.max_length}}
-    build = _build(config, data_dir, data, dirs, upstream)
-    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build)
+    section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions,
+                                                           "dtype": config.model.dtype},
+               "reward": {"max_length": config.reward.max_length},
+               "resources": {"mixed_precision": config.resources.mixed_precision}}
+    build = _build(config, data_dir, data, upstream)
+    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     metrics = json.loads((local / "report.json").read_text())["metrics"]
     if result.status == "ran" and ppo.model_uri:
         promote_champion(ppo.model_uri, metrics)

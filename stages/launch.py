@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lib.config import ResourcesConfig
+from rlhf_lib.devices import resolve_device
 from rlhf_lib.events import EventWriter, Sink, read_events
 from stages.net import free_port
 
@@ -37,11 +38,11 @@ class LaunchError(RuntimeError):
 
 
 def resolve_config(resources: ResourcesConfig) -> Path:
-    """The Accelerate config file: as given (working directory, then configs/accelerate/), else the default."""
-    import torch
+    """The Accelerate config file: as given (working directory, then configs/accelerate/), else the default of
+    `resources.device`: DDP over NCCL on GPUs, gloo on CPUs."""
     import yaml
 
-    name = resources.accelerate_config or ("ddp.yaml" if torch.cuda.is_available() else "cpu_gloo.yaml")
+    name = resources.accelerate_config or default_config(resources.device)
     path = next((p.resolve() for p in (Path(name), CONFIG_DIR / name) if p.is_file()), None)
     if path is None:
         raise FileNotFoundError(f"resources.accelerate_config: no file {name!r} in {Path.cwd()} or {CONFIG_DIR}")
@@ -50,6 +51,11 @@ def resolve_config(resources: ResourcesConfig) -> Path:
         raise ValueError(f"resources.accelerate_config {path}: num_machines is {machines}; a stage launches only "
                          "this machine's processes (multi-node launching is not wired yet)")
     return path
+
+
+def default_config(device: str) -> str:
+    """The Accelerate config file of a device when none is given: ddp.yaml on a GPU, cpu_gloo.yaml on the CPU."""
+    return "ddp.yaml" if resolve_device(device).type == "cuda" else "cpu_gloo.yaml"
 
 
 def entry_name(entry: Entry) -> str:

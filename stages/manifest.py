@@ -53,3 +53,18 @@ def verify_manifest(local_dir: Path, digest: str) -> bool:
     if files is None or manifest_digest(files) != digest:
         return False
     return all((p := local_dir / rel).is_file() and file_sha256(p) == sha for rel, sha in files.items())
+
+
+def content_digest(local_dir: Path) -> str:
+    """The identity of an artifact dir: the digest of its manifest, or of its files when it has none (a model
+    logged by another tool)."""
+    files = read_manifest(local_dir)
+    return manifest_digest(files) if files is not None else dir_digest(local_dir)
+
+
+def verify_digest(local_dir: Path, digest: str) -> bool:
+    """True when the files under `local_dir` have the identity `digest` (see `content_digest`): checked once, when
+    they are downloaded."""
+    if read_manifest(local_dir) is not None:
+        return verify_manifest(local_dir, digest)
+    return dir_digest(local_dir) == digest

@@ -25,17 +25,19 @@ from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.events import Checkpoint, Event, Resumed
+from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
 from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
+from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge
-from stages.launch import run_job
-from stages.resume import resumable, resumed
+from stages.launch import default_config, run_job
+from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
 from stages.retry import transient
-from stages.tracking import StageRun, download
+from stages.tracking import StageRun
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 
@@ -79,15 +81,19 @@ def as_task(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 class PPORunSink(RunSink):
     """The PPO loop's sink: the stage run's sink, plus checkpoints (logged under `checkpoints/iter_NNNNNN/`, then
-    deleted locally) and a resume (the interrupted run `resumed_from` retired, its metric history copied).
+    deleted locally) and a resume (the interrupted run `resumed_from` retired, its metric history copied; a
+    checkpoint that did not load raises `CheckpointRejected`).
 
     A checkpoint upload is tried once, so the loop never waits for a store that is down: one that fails stays on
-    local disk until the next checkpoint replaces it, or until `close` uploads it by the retry policy."""
+    local disk until the next checkpoint replaces it, or until `close` uploads it by the retry policy. Once a
+    checkpoint is logged whole (its marker is up), the run's checkpoints older than the newest `keep` are deleted
+    from the store (`ppo.keep_checkpoints`; None keeps all); a failed delete warns and is tried after the next."""
 
-    def __init__(self, run: StageRun, total: int, resumed_from: str | None = None):
+    def __init__(self, run: StageRun, total: int, resumed_from: str | None = None, keep: int | None = None):
         super().__init__(run, total)
-        self.resumed_from = resumed_from
+        self.resumed_from, self.keep = resumed_from, keep
         self.pending: Path | None = None
+        self.logged: list[str] = []  # this run's checkpoints complete in the store, oldest first
 
     def emit(self, event: Event) -> None:
         match event:
@@ -102,10 +108,11 @@ class PPORunSink(RunSink):
                         raise
                     get_run_logger().warning("MLflow unreachable: checkpoint %s kept on local disk, to be logged "
                                              "later (%s)", self.pending.name, e)
+            case Resumed(None, _):
+                raise CheckpointRejected(f"a checkpoint of run {self.resumed_from} did not load")
             case Resumed(checkpoint, iteration):
                 resumed(self.run, self.resumed_from, checkpoint, iteration)
-                if checkpoint is not None:
-                    get_run_logger().info("ppo: resumed an interrupted run at iteration %d", iteration)
+                get_run_logger().info("ppo: resumed an interrupted run at iteration %d", iteration)
             case _:
                 super().emit(event)
 
@@ -118,6 +125,21 @@ class PPORunSink(RunSink):
         self.run.log_text(name, f"checkpoints/{name}/{COMPLETE_MARKER}", wait=wait)
         shutil.rmtree(self.pending, ignore_errors=True)
         self.pending = None
+        self.logged.append(name)
+        self._prune(wait)
+
+    def _prune(self, wait: bool) -> None:
+        """Delete this run's checkpoints beyond the newest `keep` from the store: called only after a newer one is
+        complete there, so the newest complete one always stays."""
+        while self.keep is not None and len(self.logged) > self.keep:
+            name = self.logged[0]
+            try:
+                self.run.delete_artifacts(f"checkpoints/{name}", wait=wait)
+            except Exception as e:  # a leftover checkpoint costs storage, never the run
+                get_run_logger().warning("ppo: could not delete the old checkpoint %s from the MLflow run (tried again "
+                                         "after the next one): %s", name, e)
+                return
+            self.logged.pop(0)
 
     def close(self) -> None:
         """After the loop: a checkpoint the store missed is logged now, waiting for the store by the retry policy."""
@@ -125,9 +147,12 @@ class PPORunSink(RunSink):
             self._log_checkpoint(wait=True)
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path, reward_dir: Path):
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult):
     def build(run: StageRun, out_dir: Path) -> None:
+        preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
         check_sizes(cfg.ppo, cfg.resources.num_processes)  # before any model is loaded or process launched
+        # Here, not before the look-up: a cache hit downloads no model.
+        sft_dir, reward_dir = download(sft.artifact_uri, sft.digest), download(reward.artifact_uri, reward.digest)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
         ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
                if cfg.ppo.ptx_coef > 0 else [])
@@ -136,27 +161,42 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
         tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
-        found = resumable(run, run.run.data.tags["rlhf.cache_key_pending"])
         job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir), reward_dir=str(reward_dir),
-                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir),
-                     resume=[str(p) for p in found[1]] if found else [])
-        sink = PPORunSink(run, cfg.ppo.iterations, found[0] if found else None)
-        with tempfile.TemporaryDirectory(prefix="rlhf-ppo-") as tmp:
-            if cfg.resources.num_processes > 1:
-                launch_task(job, cfg, sink, Path(tmp))
-            else:
-                train_ppo(job, sink, Path(tmp), call=as_task)
-            sink.close()
+                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir))
+        _train(cfg, run, job)
     return build
+
+
+def _train(cfg: PipelineConfig, run: StageRun, job: PPOJob) -> None:
+    """The loop, resumed from the newest complete checkpoint of an interrupted run with this key if there is one: only
+    that one is downloaded, and the one before it only if it does not load (`stages.resume.attempts`)."""
+    found = resumable(run, run.run.data.tags["rlhf.cache_key_pending"])
+    try:
+        for ckpt in attempts(run, found):
+            job.resume = [str(ckpt)] if ckpt else []
+            sink = PPORunSink(run, cfg.ppo.iterations, found.run_id if found else None, cfg.ppo.keep_checkpoints)
+            try:
+                with tempfile.TemporaryDirectory(prefix="rlhf-ppo-") as tmp:
+                    if cfg.resources.num_processes > 1:
+                        launch_task(job, cfg, sink, Path(tmp))
+                    else:
+                        train_ppo(job, sink, Path(tmp), call=as_task)
+                    sink.close()
+                return
+            except CheckpointRejected:
+                get_run_logger().warning("ppo: checkpoint %s did not load; trying the one before it", ckpt.name)
+    finally:
+        forget(found)
 
 
 @task(name="ppo-launch", **_IN_MEMORY)
 def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Path) -> None:
     """The whole PPO loop in `resources.num_processes` processes under `accelerate launch`: one task, since the
-    per-phase tasks cannot span processes. PPO's processes are CPU processes joined by gloo, whatever
-    `resources.accelerate_config` says for SFT and RM, in float32: the rollout's log-probs and the update must use
-    the same numerics, so `resources.mixed_precision` does not apply either."""
-    resources = cfg.resources.model_copy(update={"accelerate_config": "cpu_gloo.yaml"})
+    per-phase tasks cannot span processes. PPO's processes are DDP processes (NCCL on GPUs, gloo on CPUs) whatever
+    `resources.accelerate_config` says for SFT and RM (PPO keeps a full copy of every model per process). Its
+    autocast is its own (`resources.mixed_precision`, around the forward passes of every phase), not
+    Accelerate's, so that the rollout's log-probs and the update's come from the same numerics."""
+    resources = cfg.resources.model_copy(update={"accelerate_config": default_config(cfg.resources.device)})
     run_job(launched, job.to_dict(), resources, workdir, sink, cfg.torch_threads, mixed_precision="no")
 
 
@@ -165,11 +205,14 @@ def ppo_stage(
     config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult
 ) -> StageResult:
     """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
-    data_dir = download(data.artifact_uri)
-    sft_dir, reward_dir = download(sft.artifact_uri), download(reward.artifact_uri)
-    section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions}}
+    data_dir = download(data.artifact_uri, data.digest)
+    # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
+    section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,
+                                                         "dtype": config.model.dtype},
+               "resources": {"mixed_precision": config.resources.mixed_precision,
+                             "frozen_dtype": config.resources.frozen_dtype}}
     if config.ppo.ptx_coef > 0:  # the demonstrations' length
         section["sft"] = {"max_length": config.sft.max_length}
     result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
-                           file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft_dir, reward_dir))
+                           file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft, reward))
     return as_state(result)

@@ -11,6 +11,9 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.devices import autocast, weights_dtype
+from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, save_model
 from rlhf_lib.models import (
     build_policy,
@@ -21,12 +24,13 @@ from rlhf_lib.models import (
 )
 from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.training import n_batches
+from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
 from stages.models_io import model_source_digest
 from stages.supervised import numerics_section, train_supervised
-from stages.tracking import StageRun, download
+from stages.tracking import StageRun
 
 
 def build_reward(cfg: PipelineConfig, sft_dir: Path):
@@ -35,8 +39,9 @@ def build_reward(cfg: PipelineConfig, sft_dir: Path):
     r = cfg.reward
     if r.name_or_path:
         tokenizer = load_tokenizer(r.name_or_path, r.revision, r.trust_remote_code)
-        return build_reward_base(r.name_or_path, tokenizer, r.seed, r.revision, r.trust_remote_code), tokenizer
-    sft_model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
+        return build_reward_base(r.name_or_path, tokenizer, r.seed, r.revision, r.trust_remote_code,
+                                 weights_dtype(cfg.model.dtype)), tokenizer
+    sft_model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
     if not r.init_from_sft:
         m = cfg.model
         sft_model = build_policy(tokenizer, None, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
@@ -44,8 +49,10 @@ def build_reward(cfg: PipelineConfig, sft_dir: Path):
     return build_scalar_model(sft_model, seed=r.seed), tokenizer
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path):
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult):
     def build(run: StageRun, out_dir: Path) -> None:
+        preflight(cfg, "reward")  # refuse a stage that cannot fit the device before anything loads
+        sft_dir = download(sft.artifact_uri, sft.digest)  # here, not before the look-up: a cache hit needs none
         model, tokenizer = build_reward(cfg, sft_dir)
         examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
@@ -60,7 +67,10 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
                                         RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs)),
                                         cfg.torch_threads)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
-        final["reward/heldout_accuracy"] = pairwise_accuracy(model, tokenizer, pairs, rcfg.max_length)
+        device = ProcessGroup(device=cfg.resources.device).device
+        with autocast(device, cfg.resources.mixed_precision)():
+            final["reward/heldout_accuracy"] = pairwise_accuracy(model.to(device), tokenizer, pairs, rcfg.max_length,
+                                                                 rcfg.eval_batch_size)
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)
     return build
@@ -69,8 +79,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft_dir: Path
 @flow(name="reward", flow_run_name="reward-{config.name}")
 def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
     """Train the reward model on ranked lists; report pairwise accuracy on held-out pairs."""
-    data_dir = download(data.artifact_uri)
-    sft_dir = download(sft.artifact_uri)
+    data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)
     # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false); an RM from its own
@@ -78,5 +87,5 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     section = {"reward": config.reward.model_dump(), "model": config.model.model_dump(),
                **numerics_section(config.resources)}
     upstream = {} if config.reward.name_or_path else {"sft": sft}
-    result, _ = run_cached(ctx, "reward", section, upstream, fingerprint, _build(config, data_dir, data, sft_dir))
+    result, _ = run_cached(ctx, "reward", section, upstream, fingerprint, _build(config, data_dir, data, sft))
     return as_state(result)

@@ -11,6 +11,8 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_prompts, read_ranked, read_sft
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.devices import weights_dtype
+from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import save_model
 from rlhf_lib.models import (
     build_policy,
@@ -20,12 +22,13 @@ from rlhf_lib.models import (
     train_tokenizer,
 )
 from rlhf_lib.training import n_batches
+from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
 from stages.models_io import model_source_digest
 from stages.supervised import numerics_section, train_supervised
-from stages.tracking import StageRun, download
+from stages.tracking import StageRun
 
 
 def tokenizer_corpus(data_dir: Path):
@@ -40,6 +43,7 @@ def tokenizer_corpus(data_dir: Path):
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
     def build(run: StageRun, out_dir: Path) -> None:
+        preflight(cfg, "sft")  # refuse a stage that cannot fit the device before anything loads
         torch.manual_seed(cfg.model.seed)
         m = cfg.model
         if m.name_or_path:
@@ -48,7 +52,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size)
         model = build_policy(tokenizer, m.name_or_path, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                              n_positions=m.n_positions, seed=m.seed, revision=m.revision,
-                             trust_remote_code=m.trust_remote_code)
+                             trust_remote_code=m.trust_remote_code, dtype=weights_dtype(m.dtype))
         examples = read_sft(data_dir / FILE_NAMES["sft"]).rows
         log_dataset(run, [e.__dict__ for e in examples], f"{data.artifact_uri}/{FILE_NAMES['sft']}",
                     dataset_name(data_dir, "sft"), "training", file_digest(data_dir, "sft"))
@@ -68,7 +72,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
 @flow(name="sft", flow_run_name="sft-{config.name}")
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
-    data_dir = download(data.artifact_uri)
+    data_dir = download(data.artifact_uri, data.digest)
     section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
     # The tokenizer is trained on these three files, the model on the first; a local pretrained model by content.
     fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))

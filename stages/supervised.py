@@ -40,14 +40,14 @@ def train_supervised(kind: str, resources: ResourcesConfig, model: PreTrainedMod
     trained there by the launched processes, and loaded back."""
     train, entry, load = LOOPS[kind]
     if resources.num_processes == 1:
-        group = ProcessGroup(resources.mixed_precision)
+        group = ProcessGroup(resources.mixed_precision, resources.device)
         final, _ = train(model, tokenizer, examples, train_cfg, metrics_log(sink), group,
                          resources.gradient_checkpointing)
         return model, final
     with tempfile.TemporaryDirectory(prefix=f"rlhf-{kind}-launch-") as tmp:
         workdir = Path(tmp)
         save_model(model, tokenizer, workdir / "init")
-        job = {"config": train_cfg.model_dump(), "mixed_precision": resources.mixed_precision,
+        job = {"config": train_cfg.model_dump(), "mixed_precision": resources.mixed_precision, "device": resources.device,
                "gradient_checkpointing": resources.gradient_checkpointing,
                "examples": [dataclasses.asdict(e) for e in examples]}
         run_job(entry, job, resources, workdir, sink, torch_threads)

@@ -16,6 +16,7 @@ from typing import Any
 import mlflow
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
 from stages import retry
 from stages.home import file_lock, state_dir
@@ -227,6 +228,15 @@ class StageRun:
                 raise ConnectionError(f"MLflow store {tracking_uri()} is unreachable")
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
 
+    def delete_artifacts(self, artifact_path: str, wait: bool = True) -> None:
+        """Delete a logged file or dir of this run (an old checkpoint), by the artifact repository's API; with
+        `wait=False` tried once."""
+        repo = get_artifact_repository(self.artifact_uri)
+        if wait:
+            store_call("delete_artifacts", repo.delete_artifacts, artifact_path)
+        else:
+            repo.delete_artifacts(artifact_path)
+
     def log_dict(self, obj: Any, artifact_file: str) -> None:
         store_call("log_dict", self.client.log_dict, self.run_id, obj, artifact_file)
 
@@ -275,13 +285,12 @@ def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:
     return f"models:/{name}/{mv.version}"
 
 
-def download(uri: str) -> Path:
-    """Local path of an artifact or `models:/` URI. For a local store this is the stored files themselves (no
-    copy): callers only read it."""
-    try:
-        return Path(store_call(f"download {uri}", mlflow.artifacts.download_artifacts, artifact_uri=uri))
-    except mlflow.exceptions.MlflowException as e:
-        raise ArtifactNotFound(f"cannot load artifact {uri}: {e.message}") from None
+def download(uri: str, digest: str | None = None) -> Path:
+    """Local path of an artifact or `models:/` URI, through the local artifact cache: `stages.artifact_cache.download`
+    (imported here because that module imports this one). Callers only read it."""
+    from stages.artifact_cache import download as cached_download
+
+    return cached_download(uri, digest)
 
 
 def model_version(uri: str):

@@ -102,6 +102,10 @@ class ModelConfig(Section):
     n_positions: int = Field(128, ge=16, description="Longest sequence (prompt + response) fed to the model: a fresh "
                              "model's position table; a loaded model is also capped at its own context.")
     seed: int = Field(0, description="Seed of the fresh model's initialisation.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weights dtype of the trained models (policy, value model, reward model) and so of "
+        "Adam's state, whatever dtype the checkpoint was saved in. float32 learns at PPO's small learning rates; "
+        "bfloat16 halves the memory but rounds away updates below ~1/256 of a weight; auto = the checkpoint's.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":

@@ -78,6 +78,16 @@ class PPOConfig(Section):
                                              "the same as one minibatch at a fraction of the memory.")
     early_stop_kl: float | None = Field(None, gt=0, description="End the update's epochs early once a minibatch's "
                                         "approximate KL(old || new) exceeds this; null = never.")
+    gradient_checkpointing: bool = Field(False, description="Recompute the policy's and the value model's "
+                                         "activations in the backward pass: less memory, one more forward per step.")
+    logprob_chunk: int | None = Field(64, ge=1, description="Response positions whose logits (B x chunk x "
+                                      "vocabulary, float32) exist at once when log-probs and entropy are computed; "
+                                      "in training each chunk's logits are recomputed in the backward pass. Null = "
+                                      "the whole response at once. The same results at any size.")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="Token budget of an update micro-batch (rows x "
+                                           "padded length): rows are sorted by length and packed up to it, so short "
+                                           "rows share a micro-batch; the same gradient. Null = "
+                                           "gradient_accumulation_steps equal splits.")
     ptx_coef: float = Field(0.0, ge=0, description="PPO-ptx (InstructGPT): weight of the SFT loss on "
                             "demonstrations mixed into every update step; 0 = off.")
     ptx_batch_size: int = Field(8, ge=1, description="PPO-ptx: demonstrations per update step.")
@@ -92,6 +102,8 @@ class PPOConfig(Section):
     sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
     checkpoint_every: int = Field(10, ge=1, description="Log a checkpoint (weights, optimizer, RNG, KL state) every "
                                   "N iterations, and after the last one.")
+    keep_checkpoints: int | None = Field(2, ge=1, description="Checkpoints kept (locally and in the MLflow run); "
+                                         "older ones are deleted once a newer one is logged. Null = keep all.")
     seed: int = Field(0, description="Seed of prompt order and sampling.")
     alarm_kl_factor: float = Field(4.0, gt=0, description="KL blow-up alarm: KL above this many times target_kl.")
     alarm_entropy_min: float = Field(0.05, ge=0, description="Entropy-collapse alarm: mean token entropy below this.")

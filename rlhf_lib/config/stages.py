@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from rlhf_lib.config.base import Section
+
+
+def no_is_false(value: object) -> object:
+    """YAML reads a bare `no` as false (`--set resources.mixed_precision=no`): it means "no" here."""
+    return "no" if value is False else value
+
+
+def check_device(name: str) -> str:
+    """Validator of `resources.device`: auto, cpu, cuda or cuda:N (whether that device exists is checked where the
+    stage runs, which may be another machine)."""
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise ValueError(f"expected auto, cpu, cuda or cuda:N (N a GPU index), got {name!r}")
 
 
 class SFTConfig(Section):
@@ -27,6 +40,8 @@ class RewardConfig(Section):
     init_from_sft: bool = Field(True, description="Start the reward model's backbone from the SFT model (unless "
                                 "reward.name_or_path is set).")
     seed: int = Field(0, description="Seed of data order and the scalar head.")
+    eval_batch_size: int = Field(64, ge=1, description="Held-out pairs per forward pass when the trained reward "
+                                 "model's accuracy is measured: caps its activation memory; the same results.")
     name_or_path: str | None = Field(None, description="Base model of the reward model (hub name or local "
                                      "directory), with its own tokenizer; null = from the policy's (see init_from_sft).")
     revision: str | None = Field(None, description="Git revision of a hub reward base model.")
@@ -38,20 +53,30 @@ class EvalConfig(Section):
     temperature: float = Field(0.7, gt=0, description="Sampling temperature of SFT and policy on held-out prompts.")
     samples_in_report: int = Field(16, ge=0, description="Rows in the report's sample table.")
     seed: int = Field(1234, description="Seed of held-out sampling (the same for SFT and policy).")
+    batch_size: int = Field(64, ge=1, description="Held-out prompts per sampling and scoring batch: caps the eval's "
+                            "activation memory (the seeded draws are per batch, so it is part of the samples' seed).")
 
 
 class ResourcesConfig(Section):
-    """How the training stages (SFT, reward model, PPO) run: processes, Accelerate config, precision."""
+    """Where and how the stages run: device, processes, Accelerate config, precision, memory."""
 
+    device: Annotated[str, AfterValidator(check_device)] = Field(
+        "auto", description="Device of every stage (SFT, RM, PPO's four models, eval): auto (CUDA when available, "
+        "else CPU), cpu, cuda or cuda:N. Launched processes take one GPU each (cuda:LOCAL_RANK).")
     num_processes: int = Field(1, ge=1, description="Training processes of SFT, RM and PPO. 1 trains in the stage's "
-                               "own process; more launch `accelerate launch` (SFT and RM: one process per GPU, or gloo "
-                               "CPU processes; PPO: gloo CPU processes).")
+                               "own process; more launch `accelerate launch` (one process per GPU, or gloo CPU "
+                               "processes with resources.device=cpu or without a GPU).")
     accelerate_config: str | None = Field(
         None, description="Accelerate config file (DDP, FSDP, DeepSpeed) of SFT and RM when num_processes > 1; a "
         "relative path is looked up in the working directory, then in the project's configs/accelerate/. Null: "
-        "ddp.yaml with a GPU, cpu_gloo.yaml without. PPO always launches with cpu_gloo.yaml.")
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
-        "no", description="Autocast precision of SFT and RM training (fp16 needs a GPU); weights stay float32. PPO "
-        "always runs in float32.")
+        "ddp.yaml on GPUs, cpu_gloo.yaml on CPUs. PPO launches with ddp.yaml or cpu_gloo.yaml by its device.")
+    mixed_precision: Annotated[Literal["no", "bf16", "fp16"], BeforeValidator(no_is_false)] = Field(
+        "no", description="Autocast precision of every stage (SFT, RM, PPO, eval); trainable weights and optimizer "
+        "state stay in model.dtype (float32 by default). fp16 needs a GPU; PPO takes bf16 or no.")
+    frozen_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype of PPO's frozen reference and reward model (half the memory in "
+        "bfloat16; their outputs are cast to float32 before the KL and the score).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass of SFT "
                                          "and RM training: less memory, one more forward pass per step.")
+    memory_gb: float | None = Field(None, gt=0, description="Memory budget of one device for the preflight "
+                                    "estimate (`rlhf plan`); null = the GPU's total memory, or no check on CPU.")

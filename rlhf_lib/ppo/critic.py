@@ -21,12 +21,16 @@ from torch import Tensor, nn
 
 from rlhf_lib.ppo.losses import entropy_from_logits
 from rlhf_lib.ppo.scoring import (
+    Entropy,
+    chunked_logprobs,
     concat,
     gather_logprobs,
     keep_last,
     no_cache,
+    output_head,
     position_ids,
     response_logits,
+    response_states,
     token_values,
 )
 
@@ -61,7 +65,7 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
+        return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1).float()
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -127,47 +131,63 @@ class Critic:
         return None
 
     def forward(self, policy: PreTrainedModel, query: Tensor, query_mask: Tensor, response: Tensor,
-                response_mask: Tensor, temperature: float, train_policy: bool, entropy_grad: bool = True,
-                with_values: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """The update's forward: (log-probs, entropy, values), each (B, R) and 0 on padding.
+                response_mask: Tensor, temperature: float, train_policy: bool, entropy: Entropy = "grad",
+                with_values: bool = True, chunk: int | None = None
+                ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """The update's forward: (log-probs, entropy, values), each (B, R), float32 and 0 on padding.
 
         Without `train_policy` (critic warm-up) the policy's log-probs are not computed (None) and a shared
-        backbone runs without gradient: only the critic's own parameters learn. Without `entropy_grad` the entropy
-        is computed from detached logits (logged only: its (B, R, V) softmax stays out of the backward pass).
-        `with_values=False` leaves a separate value model's forward to the caller (values None).
+        backbone runs without gradient: only the critic's own parameters learn. `entropy`: "grad" (the entropy
+        bonus), "detached" (logged only: no gradient through its softmax) or "none" (not computed: None).
+        `with_values=False` leaves a separate value model's forward to the caller (values None). `chunk`: response
+        positions projected to the vocabulary at a time (`scoring.chunked_logprobs`); None: all at once.
         """
         if self.kind == "shared":
             return _shared_forward(policy, self._net, query, query_mask, response, response_mask, temperature,
-                                   train_backbone=train_policy, entropy_grad=entropy_grad)
-        logprobs = entropy = None
+                                   train_backbone=train_policy, entropy=entropy, chunk=chunk)
+        logprobs = ent = None
         if train_policy:
-            logits = response_logits(policy, query, query_mask, response, response_mask, temperature)
-            logprobs, entropy = _logprobs_entropy(logits, response, response_mask, entropy_grad)
+            if chunk is None:
+                logits = response_logits(policy, query, query_mask, response, response_mask, temperature)
+                logprobs, ent = _logprobs_entropy(logits, response, response_mask, entropy)
+            else:
+                hidden = response_states(policy, query, query_mask, response, response_mask)
+                logprobs, ent = chunked_logprobs(output_head(policy), hidden, response, response_mask, temperature,
+                                                 chunk, entropy)
         values = self.values(policy, query, query_mask, response, response_mask) if with_values else None
-        return logprobs, entropy, values
+        return logprobs, ent, values
 
 
 def _shared_forward(policy: PreTrainedModel, head: ValueHead, query: Tensor, query_mask: Tensor, response: Tensor,
-                    response_mask: Tensor, temperature: float, train_backbone: bool, entropy_grad: bool = True
-                    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
+                    response_mask: Tensor, temperature: float, train_backbone: bool, entropy: Entropy = "grad",
+                    chunk: int | None = None) -> tuple[Tensor | None, Tensor | None, Tensor]:
     """One policy forward for log-probs, entropy and values. Position P-1+t predicts response token t, so its
-    final hidden state is the state V(s_t) is read from; only those R positions are projected to the vocabulary."""
+    final hidden state is the state V(s_t) is read from; only those R positions are projected to the vocabulary
+    (`chunk` of them at a time when set)."""
     ids, mask = concat(query, query_mask, response, response_mask)
     p, r = query.shape[1], response.shape[1]
+    keep = keep_last(policy, r + 1 if chunk is None and train_backbone else 1)
     with torch.set_grad_enabled(train_backbone and torch.is_grad_enabled()):
         out = policy(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=True,
-                     **keep_last(policy, r + 1), **no_cache(policy))
+                     **keep, **no_cache(policy))
     m = response_mask.to(torch.float32)
-    values = head(out.hidden_states[-1][:, p - 1 : p + r - 1]) * m  # (B, R, H) -> (B, R)
+    hidden = out.hidden_states[-1][:, p - 1 : p + r - 1]  # (B, R, H)
+    values = head(hidden) * m  # (B, R)
     if not train_backbone:
         return None, None, values
+    if chunk is not None:
+        return (*chunked_logprobs(output_head(policy), hidden, response, response_mask, temperature, chunk, entropy),
+                values)
     logits = out.logits[:, -(r + 1) : -1].float() / temperature  # (B, R, V)
-    return (*_logprobs_entropy(logits, response, response_mask, entropy_grad), values)
+    return (*_logprobs_entropy(logits, response, response_mask, entropy), values)
 
 
-def _logprobs_entropy(logits: Tensor, response: Tensor, response_mask: Tensor, entropy_grad: bool
-                      ) -> tuple[Tensor, Tensor]:
-    """Shapes: logits (B, R, V), response, response_mask (B, R) -> log-probs (B, R), entropy (B, R); 0 on padding."""
+def _logprobs_entropy(logits: Tensor, response: Tensor, response_mask: Tensor, entropy: Entropy
+                      ) -> tuple[Tensor, Tensor | None]:
+    """Shapes: logits (B, R, V), response, response_mask (B, R) -> log-probs (B, R), entropy (B, R) or None (with
+    entropy="none"); 0 on padding."""
     m = response_mask.to(logits.dtype)
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return gather_logprobs(logits, response) * m, entropy * m
+    logprobs = gather_logprobs(logits, response) * m
+    if entropy == "none":
+        return logprobs, None
+    return logprobs, entropy_from_logits(logits if entropy == "grad" else logits.detach()) * m

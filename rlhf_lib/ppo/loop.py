@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lib.config import PipelineConfig
+from rlhf_lib.devices import DTYPES, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Checkpoint, Metrics, Notice, Resumed, Sink, Table, Tags
 from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
@@ -141,10 +142,14 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOMode
     """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model (with its own
     tokenizer when it differs from the policy's), and the critic the config asks for: a value model initialised
     from the RM (InstructGPT; from SFT when the RM reads other token ids) or from SFT, or none (a shared value
-    head, grpo, rloo)."""
-    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code)
-    ref = None if cfg.ppo.lora else copy.deepcopy(policy)  # LoRA: the reference is the policy, adapters off
-    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code)
+    head, grpo, rloo). The trained models load in `model.dtype`, the frozen ones in `resources.frozen_dtype`; all
+    on the CPU (the trainer places them)."""
+    dtype, frozen = weights_dtype(cfg.model.dtype), DTYPES[cfg.resources.frozen_dtype]
+    policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, dtype)
+    # LoRA: the reference is the policy with its adapters off, so there is no copy.
+    ref = None if cfg.ppo.lora else copy.deepcopy(policy).to(frozen)
+    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code,
+                                                       dtype, frozen)
     if not (cfg.ppo.has_critic and cfg.ppo.critic == "separate"):
         value = None
     elif cfg.ppo.value_init == "sft" and reward_tokenizer is None:
@@ -156,8 +161,11 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOMode
 def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
     cfg = PipelineConfig.model_validate(job.config)
     models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir))
+    group = group or ProcessGroup(device=cfg.resources.device)
     return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.max_new_tokens,
-                      ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group)
+                      ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group,
+                      mixed_precision=cfg.resources.mixed_precision,
+                      frozen_dtype=DTYPES[cfg.resources.frozen_dtype])
 
 
 def load_first(trainer: PPOTrainer, candidates: Sequence[Path]) -> Path | None:
@@ -197,9 +205,10 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
 
 def launched(job: dict[str, Any], workdir: Path, sink: Sink) -> None:
     """One process of a PPO run under `accelerate launch` (the launcher's entry point): every process builds the
-    same trainer and loops; the main one reports to `sink` and saves the final policy. PPO's processes are CPU
-    processes joined by gloo, in float32 (the rollout's log-probs and the update must use the same numerics)."""
-    group = ProcessGroup(cpu=True)
-    train_ppo(PPOJob.from_dict(job), sink if group.is_main else None, workdir, group=group)
+    same trainer and loops; the main one reports to `sink` and saves the final policy. The processes are on
+    `resources.device` (one GPU each, NCCL; or CPU processes joined by gloo)."""
+    ppo_job = PPOJob.from_dict(job)
+    group = ProcessGroup(device=PipelineConfig.model_validate(ppo_job.config).resources.device)
+    train_ppo(ppo_job, sink if group.is_main else None, workdir, group=group)
     group.barrier()
     group.close()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
+from rlhf_lib.devices import module_device
 from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
 from rlhf_lib.ppo.scoring import concat, sequence_scores
 
@@ -51,7 +52,8 @@ def retokenized_scores(
     rows = [encode_prompt_response(reward_tokenizer, p, r, max_length, add_eos=eos)[0]
             for p, r, eos in zip(prompts, texts, finished)]
     ids, mask = pad_right(rows, reward_tokenizer.pad_token_id)
-    return sequence_scores(reward, ids.to(query.device), mask.to(query.device))
+    device = module_device(reward)
+    return sequence_scores(reward, ids.to(device), mask.to(device))
 
 
 class RewardScorer:

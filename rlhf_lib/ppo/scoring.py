@@ -2,14 +2,17 @@
 
 Layout of every sequence: `[query (left-padded, P) | response (right-padded, R)]`. Position ids come from the
 attention mask, so left padding does not shift positions. Only the R positions that predict response tokens are
-projected to the vocabulary: the prompt positions never pay for the (T, V) matmul.
+projected to the vocabulary: the prompt positions never pay for the (T, V) matmul. With a chunk size
+(`ppo.logprob_chunk`) the projection runs over `chunk` response positions at a time, so at most one (B, chunk, V)
+float32 block of logits exists at once, also in training (each chunk is recomputed in the backward pass).
+Every score, value and log-prob comes back in float32, whatever the models' dtype or autocast.
 """
 
 from __future__ import annotations
 
 import inspect
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -85,6 +88,84 @@ def response_logits(
     return out.logits[:, -(r + 1) : -1].float() / temperature  # (B, R, V)
 
 
+def response_states(model: PreTrainedModel, query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
+                    response_mask: torch.Tensor) -> torch.Tensor:
+    """Final hidden states (after the last norm) of the positions that predict each response token. Shape: (B, R, H).
+
+    Without autograd (rollout, scoring) the transformer body runs alone and only its last states are kept. With it,
+    the model's own forward runs (so a DDP wrapper sees the call and synchronises the gradients), asking for one
+    position of logits only; transformers returns the final normed states as `hidden_states[-1]` (pinned by the
+    chunked-vs-full test), and the other layers' states are the activations the backward keeps anyway.
+    """
+    p, r = query.shape[1], response.shape[1]
+    if not torch.is_grad_enabled():
+        return response_hidden(_causal_lm(model), query, query_mask, response, response_mask)
+    ids, mask = concat(query, query_mask, response, response_mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), output_hidden_states=True,
+                **keep_last(model, 1), **no_cache(model))
+    return out.hidden_states[-1][:, p - 1 : p + r - 1]
+
+
+def _causal_lm(model: PreTrainedModel) -> PreTrainedModel:
+    """The transformers model inside a DDP (`.module`) or PEFT (`get_base_model()`, LoRA layers in place) wrapper."""
+    inner = getattr(model, "module", model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def output_head(model: PreTrainedModel):
+    """hidden (..., H) -> logits (..., V) as the model's own head computes them: the output embedding, then the
+    final-logit soft-capping of models that have one (Gemma 2). Through DDP (`.module`) and PEFT wrappers."""
+    inner = _causal_lm(model)
+    head = inner.get_output_embeddings()
+    cap = getattr(inner.config, "final_logit_softcapping", None)
+    if cap:
+        return lambda h: torch.tanh(head(h) / cap) * cap
+    return head
+
+
+Entropy = Literal["none", "detached", "grad"]
+
+
+def chunked_logprobs(
+    head,
+    hidden: torch.Tensor,
+    response: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    entropy: Entropy = "none",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the response from its hidden states, `chunk` positions at a time.
+
+    Shapes: hidden (B, R, H), response, response_mask (B, R) -> log-probs (B, R), entropy (B, R) or None; 0 on
+    padding, float32. Each chunk's logits are (B, chunk, V) float32 / temperature. Under autograd each chunk runs in
+    `torch.utils.checkpoint`: its logits are freed after the forward and recomputed in the backward, so one chunk's
+    (B, chunk, V) block is alive at a time instead of the whole (B, R, V). `entropy`: none, detached (logged only,
+    no gradient) or grad (the entropy bonus).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    def part(h: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = head(h).float() / temperature  # (B, c, V)
+        lp = gather_logprobs(logits, tokens)
+        if entropy == "none":
+            return lp, lp.new_zeros(())
+        return lp, entropy_from_logits(logits if entropy == "grad" else logits.detach())
+
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    lps, ents = [], []
+    for i in range(0, hidden.shape[1], chunk):
+        args = (hidden[:, i : i + chunk], response[:, i : i + chunk])
+        lp, ent = checkpoint(part, *args, use_reentrant=False) if grad else part(*args)
+        lps.append(lp)
+        ents.append(ent)
+    m = response_mask.to(torch.float32)
+    logprobs = torch.cat(lps, 1) * m if lps else hidden.new_zeros(response.shape, dtype=torch.float32)
+    if entropy == "none":
+        return logprobs, None
+    return logprobs, (torch.cat(ents, 1) * m if ents else torch.zeros_like(logprobs))
+
+
 @cache
 def _forward_params(model_cls: type) -> tuple[frozenset[str], bool]:
     """Names of the forward's parameters, and whether it also takes **kwargs."""
@@ -127,8 +208,15 @@ def response_logprobs(
     response_mask: torch.Tensor,
     temperature: float,
     with_entropy: bool = False,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs of the response (and the policy's entropy). Shapes: (B, R) each, 0 on padding."""
+    """Per-token log-probs of the response (and the policy's entropy). Shapes: (B, R) each, 0 on padding, float32.
+    `chunk`: response positions projected to the vocabulary at a time (`chunked_logprobs`); None: all at once
+    through the model's own forward."""
+    if chunk is not None:
+        hidden = response_states(model, query, query_mask, response, response_mask)
+        return chunked_logprobs(output_head(model), hidden, response, response_mask, temperature, chunk,
+                                "grad" if with_entropy else "none")
     logits = response_logits(model, query, query_mask, response, response_mask, temperature)
     m = response_mask.to(logits.dtype)
     logprobs = gather_logprobs(logits, response) * m
@@ -143,9 +231,9 @@ def token_values(
     response: torch.Tensor,
     response_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """V(s_t): the value head on the state before each response token. Shape: (B, R), 0 on padding."""
+    """V(s_t): the value head on the state before each response token. Shape: (B, R) float32, 0 on padding."""
     hidden = response_hidden(model, query, query_mask, response, response_mask)  # (B, R, H)
-    return model.score(hidden).squeeze(-1) * response_mask.to(hidden.dtype)
+    return model.score(hidden).squeeze(-1).float() * response_mask.to(torch.float32)
 
 
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -155,8 +243,8 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Scalar score of each sequence, read at its last real token (never on padding). Shape: (B, T) -> (B,)."""
+    """Scalar score of each sequence, read at its last real token (never on padding). Shape: (B, T) -> (B,) float32."""
     hidden = backbone_hidden(model, input_ids, attention_mask)  # (B, T, H)
     last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last_token_index(attention_mask)]  # (B, H)
-    return model.score(last).squeeze(-1)
+    return model.score(last).squeeze(-1).float()
 

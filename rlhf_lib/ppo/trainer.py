@@ -17,7 +17,8 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.distributed import ProcessGroup
-from rlhf_lib.models import fit_length, freeze
+from rlhf_lib.devices import autocast
+from rlhf_lib.models import fit_length, freeze, set_checkpointing
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
@@ -41,13 +42,32 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
 class PPOTrainer:
     def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int,
                  ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128,
-                 group: ProcessGroup | None = None):
-        # `group`: the training processes (several under `accelerate launch`); None: this process alone.
-        self.group = group or ProcessGroup(cpu=True)
+                 group: ProcessGroup | None = None, mixed_precision: str = "no",
+                 frozen_dtype: torch.dtype = torch.float32):
+        # `group`: the training processes (several under `accelerate launch`) and their device; None: this process
+        # alone, on the GPU where there is one. Every model, rollout tensor and ptx batch lives on `self.device`.
+        self.group = group or ProcessGroup()
         check_sizes(cfg, self.group.world)
+        if mixed_precision == "fp16":
+            raise ValueError("PPO takes resources.mixed_precision bf16 or no: fp16 autocast needs loss scaling, "
+                             "which would scale the PPO ratio's gradients per step; use bf16")
         self.models, self.cfg, self.max_prompt_tokens = models, cfg, max_prompt_tokens
+        self.device = self.group.device
+        # The trained models keep their dtype (model.dtype, float32 by default); the frozen ones take frozen_dtype.
+        for model in filter(None, (models.policy, models.value)):
+            model.to(self.device)
+        for model in filter(None, (models.ref, models.reward)):
+            model.to(self.device, frozen_dtype)
         for model in filter(None, (models.policy, models.ref, models.reward, models.value)):
             disable_dropout(model)
+        # Autocast around every forward pass (sampling, scoring, update): the same numerics in all three.
+        self.precision = autocast(self.device, mixed_precision)
+        # Old log-probs from the sampling loop (incremental, KV cache) match the update's full forward in float32;
+        # under autocast the two low-precision paths differ, so they are recomputed with the update's forward.
+        self.recompute_logprobs = mixed_precision != "no"
+        if cfg.gradient_checkpointing:
+            for model in filter(None, (models.policy, models.value)):
+                set_checkpointing(model, True)
         # LoRA: the reference is the policy with its adapters off, so no copy of it is kept (or needed).
         self.peft = add_lora(models.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules,
                              seed=cfg.seed) if cfg.lora else None
@@ -79,7 +99,7 @@ class PPOTrainer:
         self.rm_offset: float | None = None if cfg.rm_offset_samples else 0.0
         # Demonstrations are cut to what the policy's position embeddings cover, as in SFT.
         self.ptx = (PtxSampler(ptx_examples, models.tokenizer, fit_length(ptx_max_length, models.policy),
-                               cfg.ptx_batch_size, self.generator) if cfg.ptx_coef > 0 else None)
+                               cfg.ptx_batch_size, self.generator, self.device) if cfg.ptx_coef > 0 else None)
         self.iteration = self.refused_streak = 0
         # vLLM (GPU only) fails here, at stage start, on a machine without one.
         self.engine = rollout_engine(cfg, self.export_policy(), models.tokenizer)
@@ -92,25 +112,36 @@ class PPOTrainer:
         prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
         local = local_rows(prompts, self.group)  # this process's rows: all of them in one process
         tok = self.models.tokenizer
-        query, query_mask = encode_prompts(tok, local, self.max_prompt_tokens)
+        query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
         if self.engine is not None:
             # vLLM's log-probs differ from the trainer's numerics (kernels, precision): PPO's ratio needs the
             # policy's own, so they are recomputed with one forward (the known engine mismatch).
-            response, response_mask, _ = self.engine.generate(query, query_mask)
-            with torch.inference_mode():
-                logprobs, _ = response_logprobs(self.models.policy, query, query_mask, response, response_mask,
-                                                temperature=c.temperature)
+            response, response_mask, _ = (t.to(self.device) for t in self.engine.generate(query, query_mask))
+            logprobs = self._policy_logprobs(query, query_mask, response, response_mask)
         else:
-            response, response_mask, logprobs = sample(
-                self.models.policy, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=self.generator,
-                stop_at_eos=c.stop_at_eos, shard=row_shard(self.group, len(prompts)),
-            )
+            with self.precision():
+                response, response_mask, logprobs = sample(
+                    self.models.policy, query, query_mask, max_new_tokens=c.max_new_tokens,
+                    temperature=c.temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                    generator=self.generator, stop_at_eos=c.stop_at_eos, shard=row_shard(self.group, len(prompts)),
+                )
+            if self.recompute_logprobs:
+                logprobs = self._policy_logprobs(query, query_mask, response, response_mask)
         if not c.stop_at_eos:
             response, response_mask, logprobs = truncate_after_eos(
                 response, response_mask, logprobs, tok.eos_token_id, tok.pad_token_id
             )
         return Rollout(query, query_mask, response, response_mask, logprobs, prompts=local)
+
+    @torch.inference_mode()
+    def _policy_logprobs(self, *rows: torch.Tensor) -> torch.Tensor:
+        """The policy's log-probs of sampled rows (query, query_mask, response, response_mask) by the update's own
+        forward, under the same autocast, `score_batch_size` rows at a time. Shape: (B, R)."""
+        n, c = self.cfg.score_batch_size, self.cfg
+        with self.precision():
+            return torch.cat([response_logprobs(self.models.policy, *(t[i : i + n] for t in rows),
+                                                temperature=c.temperature, chunk=c.logprob_chunk)[0]
+                              for i in range(0, rows[0].shape[0], n)])
 
     # 2. score ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -120,15 +151,17 @@ class PPOTrainer:
         # In chunks of rows: the three forward passes' activations (a (rows, T, 4H) MLP tensor per layer, the (rows,
         # R, V) logits) never exist for the whole rollout at once. Rows are independent, so the results are the same.
         n = self.cfg.score_batch_size
-        parts = [self._score_rows(ro.query[i : i + n], ro.query_mask[i : i + n], ro.response[i : i + n],
-                                  ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
+        with self.precision():
+            parts = [self._score_rows(ro.query[i : i + n], ro.query_mask[i : i + n], ro.response[i : i + n],
+                                      ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
         ro.ref_logprobs, ro.values, ro.raw_scores = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
 
     def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Reference log-probs (B, R), values (B, R) or None, raw RM scores (B,) of rows (query, query_mask,
         response, response_mask)."""
         with adapters_off(self.peft):
-            ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature)
+            ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature,
+                                                chunk=self.cfg.logprob_chunk)
         return ref_logprobs, self.critic.values(self.models.policy, *args), self.rm_scores(*args)
 
     @property
@@ -161,14 +194,16 @@ class PPOTrainer:
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
             chunk = prompts[i : i + c.batch_size]
-            query, query_mask = encode_prompts(tok, local_rows(chunk, self.group), self.max_prompt_tokens)
-            with adapters_off(self.peft):
+            query, query_mask = (t.to(self.device) for t in
+                                 encode_prompts(tok, local_rows(chunk, self.group), self.max_prompt_tokens))
+            with adapters_off(self.peft), self.precision():
                 response, response_mask, _ = sample(
                     self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
                     shard=row_shard(self.group, len(chunk)),
                 )
-            total += float(self.rm_scores(query, query_mask, response, response_mask).sum())
+            with self.precision():
+                total += float(self.rm_scores(query, query_mask, response, response_mask).sum())
         return self.group.sum([total])[0] / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
@@ -209,7 +244,7 @@ class PPOTrainer:
             group["lr"] = base * frac
         warming_up = self.critic.trains and self.iteration < c.critic_warmup
         s = ppo_epochs(self.policy_module, self.critic, self.optimizer, ro, c, self.generator,
-                       train_policy=not warming_up, ptx_batch=self.ptx, group=self.group)
+                       train_policy=not warming_up, ptx_batch=self.ptx, group=self.group, precision=self.precision)
         self.sync_engine()
         self.iteration += 1
         self._guard(s["refused_steps"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -16,7 +17,7 @@ from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.ppo.masked import masked_mean
-from rlhf_lib.ppo.scoring import no_cache
+from rlhf_lib.ppo.scoring import Entropy, no_cache
 from rlhf_lib.ppo.sharding import backward_share, local_rows, summed
 from rlhf_lib.ppo.types import Rollout
 
@@ -24,23 +25,25 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
     from transformers import PreTrainedModel
 
 PtxBatches = Callable[[], dict[str, torch.Tensor]]
+Precision = Callable[[], contextlib.AbstractContextManager]  # the autocast context of the forward passes
 
 
 class PtxSampler:
     """PPO-ptx demonstrations: each call draws `batch_size` (prompt, response) pairs with `generator` (the
-    trainer's, so runs stay reproducible) and collates them as SFT does, cut to `max_length` tokens."""
+    trainer's, so runs stay reproducible) and collates them as SFT does, cut to `max_length` tokens, on `device`."""
 
     def __init__(self, examples: Sequence[tuple[str, str]], tokenizer, max_length: int, batch_size: int,
-                 generator: torch.Generator):
+                 generator: torch.Generator, device: torch.device | str = "cpu"):
         if not examples:
             raise ValueError("ppo.ptx_coef > 0 needs demonstrations (the SFT data) for the ptx loss")
         self.examples, self.tokenizer, self.max_length = list(examples), tokenizer, max_length
-        self.batch_size, self.generator = batch_size, generator
+        self.batch_size, self.generator, self.device = batch_size, generator, torch.device(device)
 
     def __call__(self) -> dict[str, torch.Tensor]:
         idx = torch.randint(len(self.examples), (self.batch_size,), generator=self.generator).tolist()
         rows = [self.examples[i] for i in idx]
-        return sft_batch(self.tokenizer, [p for p, _ in rows], [r for _, r in rows], self.max_length)
+        batch = sft_batch(self.tokenizer, [p for p, _ in rows], [r for _, r in rows], self.max_length)
+        return {k: v.to(self.device) for k, v in batch.items()}
 
 
 def trim_padding(mb: Rollout) -> Rollout:
@@ -82,8 +85,43 @@ def _label_tokens(batch: dict[str, torch.Tensor]) -> float:
     return float((batch["labels"][:, 1:] != -100).sum())
 
 
+def token_budget_split(lengths: Sequence[int], widths: Sequence[int], budget: int) -> list[list[int]]:
+    """Micro-batches of row indices whose padded size fits `budget` tokens: rows sorted by length, each micro-batch
+    as many consecutive rows as keep (rows x its longest row) <= budget, at least one row.
+
+    `lengths[i]` orders the rows; `widths[i]` is what row i adds to the padded width (prompt + response tokens).
+    Sorting puts rows of similar length together, so short rows do not pay for a long row's padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    parts: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for i in order:
+        w = max(widest, widths[i])
+        if current and (len(current) + 1) * w > budget:
+            parts.append(current)
+            current, w = [], widths[i]
+        current.append(i)
+        widest = w
+    if current:
+        parts.append(current)
+    return parts
+
+
+def micro_batches(rollout: Rollout, rows: torch.Tensor, cfg: PPOConfig) -> list[torch.Tensor]:
+    """This process's rows of a minibatch split into micro-batches: `gradient_accumulation_steps` equal parts, or
+    packed by `micro_batch_tokens` (`token_budget_split` on prompt + response lengths)."""
+    if cfg.micro_batch_tokens is None:
+        micro = len(rows) // cfg.gradient_accumulation_steps
+        return [rows[m0 : m0 + micro] for m0 in range(0, len(rows), micro)]
+    q_len = rollout.query_mask[rows].sum(1).tolist()
+    r_len = rollout.response_mask[rows].sum(1).tolist()
+    widths = [int(q + r) for q, r in zip(q_len, r_len)]
+    return [rows[torch.tensor(part)] for part in token_budget_split(widths, widths, cfg.micro_batch_tokens)]
+
+
 def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: PPOConfig, train_policy: bool,
-                    weight: float, backward: Callable[[torch.Tensor], None]) -> tuple[float, dict[str, float]]:
+                    weight: float, backward: Callable[[torch.Tensor], None], entropy: Entropy = "grad",
+                    precision: Precision = contextlib.nullcontext) -> tuple[float, dict[str, float]]:
     """Forward and backward of one micro-batch's loss, scaled by its share `weight` of the minibatch's real
     tokens, so that the micro-batches' gradients add up to exactly the gradient of the token-level mean over the
     whole minibatch. `backward` runs each backward pass (`sharding.backward_share`). Returns the scaled loss and
@@ -91,24 +129,32 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
 
     A separate value model shares no weight with the policy, so the policy's terms are backpropagated before the
     value model runs: the same gradients as one backward of the sum, with one model's activations alive at a time.
+    Forward passes run inside `precision()` (autocast), backward passes outside it. `entropy`: as
+    `Critic.forward` ("none": no entropy statistic from this micro-batch).
     """
     mask = mb.response_mask
     separate = critic.kind == "separate"
-    logprobs, entropy, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask, cfg.temperature,
-                                               train_policy, entropy_grad=cfg.ent_coef > 0, with_values=not separate)
-    loss = torch.zeros((), dtype=torch.float32)
+    with precision():
+        logprobs, ent_tokens, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask,
+                                                      cfg.temperature, train_policy, entropy=entropy,
+                                                      with_values=not separate, chunk=cfg.logprob_chunk)
+    loss = torch.zeros((), dtype=torch.float32, device=mask.device)
     stats: dict[str, float] = {}
     if logprobs is not None:
         pg, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_eps)
-        ent = masked_mean(entropy, mask)
-        loss = loss + pg - cfg.ent_coef * ent
-        stats.update(pg_stats, entropy=float(ent.detach()))
+        loss = loss + pg
+        stats.update(pg_stats)
+        if ent_tokens is not None:
+            ent = masked_mean(ent_tokens, mask)
+            loss = loss - cfg.ent_coef * ent
+            stats["entropy"] = float(ent.detach())
     done = 0.0  # the part of the loss already backpropagated
     if separate:
         if loss.requires_grad:  # the policy's terms first: their activations are freed before the value model runs
             backward(loss * weight)
-            done, loss = float(loss.detach()), torch.zeros((), dtype=torch.float32)
-        values = critic.values(policy, mb.query, mb.query_mask, mb.response, mask)
+            done, loss = float(loss.detach()), torch.zeros((), dtype=torch.float32, device=mask.device)
+        with precision():
+            values = critic.values(policy, mb.query, mb.query_mask, mb.response, mask)
     if values is not None:
         vf, vf_stats = value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         loss = loss + cfg.vf_coef * vf
@@ -129,19 +175,25 @@ def ppo_epochs(
     train_policy: bool = True,
     ptx_batch: PtxBatches | None = None,
     group: ProcessGroup | None = None,
+    precision: Precision = contextlib.nullcontext,
 ) -> dict[str, float]:
     """Run `cfg.epochs` passes of `cfg.minibatches` minibatches over `rollout`; return the mean of each stat over
-    the steps taken, plus `refused_steps` (minibatches whose loss or gradient was not finite: skipped) and
+    the steps that have it, plus `refused_steps` (minibatches whose loss or gradient was not finite: skipped) and
     `epochs` (epochs run: fewer than cfg.epochs when the approximate-KL early stop fired).
+
+    The entropy is a loss term only with `ent_coef > 0`; otherwise it is a statistic, computed without gradient in
+    the first epoch only (the policy of the rollout, give or take the first epoch's steps), so the later epochs
+    pay for no vocabulary softmax beyond the log-probs'. Forward passes run in `precision()` (autocast).
 
     Loss per minibatch (PPO eq. 9, signs as minimised; InstructGPT eq. 2 for the ptx term):
         L = L_clip(policy) + vf_coef * L_value_clipped - ent_coef * H(policy) + ptx_coef * L_sft(demos)
     `train_policy=False` (critic warm-up) keeps only the value term. Each minibatch is split into
-    `cfg.gradient_accumulation_steps` micro-batches whose gradients add up to the minibatch's. Under `accelerate
+    `cfg.gradient_accumulation_steps` micro-batches (or packed by `cfg.micro_batch_tokens`) whose gradients add up
+    to the minibatch's. Under `accelerate
     launch` (`group`, see `rlhf_lib.ppo.sharding`) each process computes its slice of every minibatch, and the
     statistics and decisions (NaN guard, early stop) use their sums over processes.
     """
-    group = group or ProcessGroup(cpu=True)
+    group = group or ProcessGroup(device="cpu")
     backward = partial(backward_share, group)
     rollout.require("advantages")
     if critic.trains:
@@ -152,31 +204,35 @@ def ppo_epochs(
     mb_size = b_size // cfg.minibatches
     use_ptx = ptx_batch is not None and cfg.ptx_coef > 0 and train_policy
     sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
     n = epochs_run = 0
     stop = False
     policy.train()
     critic.module.train()
-    for _epoch in range(cfg.epochs):
+    for epoch in range(cfg.epochs):
         epochs_run += 1
+        entropy: Entropy = "grad" if cfg.ent_coef > 0 else ("detached" if epoch == 0 else "none")
         b_perm = torch.randperm(b_size, generator=generator)
         for start in range(0, b_size, mb_size):
             mb_idx = b_perm[start : start + mb_size]
             mb_tokens = float(rollout.response_mask[mb_idx].sum())
             rows = local_rows(mb_idx, group)  # this process's rows of the minibatch: all of them in one process
-            micro = len(rows) // cfg.gradient_accumulation_steps
+            parts = micro_batches(rollout, rows, cfg)
             optimizer.zero_grad(set_to_none=True)
             mb_stats: dict[str, float] = defaultdict(float)
             loss_total = 0.0
-            for m0 in range(0, len(rows), micro):
-                part = trim_padding(rollout.minibatch(rows[m0 : m0 + micro]))
-                with group.no_sync([policy, critic.wrapped], skip=m0 + micro < len(rows)):
+            for j, part_rows in enumerate(parts):
+                part = trim_padding(rollout.minibatch(part_rows))
+                with group.no_sync([policy, critic.wrapped], skip=j + 1 < len(parts)):
                     loss, stats = _micro_backward(policy, critic, part, cfg, train_policy,
-                                                  float(part.response_mask.sum()) / mb_tokens, backward)
+                                                  float(part.response_mask.sum()) / mb_tokens, backward, entropy,
+                                                  precision)
                 loss_total += loss
                 for k, v in stats.items():
                     mb_stats[k] += v
             if use_ptx:
-                ptx, share = _ptx_share(policy, ptx_batch(), group)
+                with precision():
+                    ptx, share = _ptx_share(policy, ptx_batch(), group)
                 backward(cfg.ptx_coef * ptx * share)
                 loss_total += cfg.ptx_coef * float(ptx.detach()) * share
                 mb_stats["ptx_loss"] = float(ptx.detach()) * share
@@ -188,12 +244,11 @@ def ppo_epochs(
                 sums["refused_steps"] += 1.0
                 continue
             optimizer.step()
-            for k, v in mb_stats.items():
+            step_stats = {**mb_stats, **{f"grad_norm_{name}": v for name, v in norms.items()},
+                          "grad_norm": float(grad_norm), "loss": loss_total}
+            for k, v in step_stats.items():
                 sums[k] += v
-            for name, v in norms.items():
-                sums[f"grad_norm_{name}"] += v
-            sums["grad_norm"] += float(grad_norm)
-            sums["loss"] += loss_total
+                counts[k] += 1
             n += 1
             # Early stop on the policy's drift from the rollout policy (SB3 / OpenAI spinning-up `target_kl`).
             if cfg.early_stop_kl is not None and mb_stats.get("approx_kl", 0.0) > cfg.early_stop_kl:
@@ -204,7 +259,7 @@ def ppo_epochs(
     policy.eval()
     critic.module.eval()
     refused = sums.pop("refused_steps", 0.0)
-    out = {k: v / n for k, v in sums.items()} if n else {}
+    out = {k: v / counts[k] for k, v in sums.items() if counts[k]} if n else {}
     out["refused_steps"] = refused
     out["epochs"] = float(epochs_run)
     return out

@@ -30,11 +30,14 @@ def test_models_match_the_trl_baseline_sizes():
     assert all(len(tokenizer(p, add_special_tokens=False)["input_ids"]) >= 16 for p in prompts)
 
 
-def test_eos_and_pad_can_never_be_sampled():
-    # TRL's stop_token=None: nothing stops a response, so EOS and PAD sit just past the model's vocabulary.
-    c = _config(TINY)
-    tokenizer, _ = make_prompts(c)
-    assert {tokenizer.eos_token_id, tokenizer.pad_token_id} == {c.model.vocab_size, c.model.vocab_size + 1}
+@pytest.mark.parametrize("vocab", [256, 2048])
+def test_eos_and_pad_can_never_be_sampled(vocab):
+    # TRL's stop_token=None: nothing stops a response, so EOS and PAD sit just past the model's vocabulary, also
+    # past the 1024 tokens the synthetic corpus yields (GPT-2's 50,257 in benchmarks/gpu_check.py).
+    c = _config([*TINY, f"model.vocab_size={vocab}"])
+    tokenizer, prompts = make_prompts(c)
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (vocab, vocab + 1)
+    assert max(max(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts) < min(vocab, 1024)
 
 
 def test_ppo_settings_follow_trl():

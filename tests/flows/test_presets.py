@@ -18,3 +18,13 @@ def test_preset_is_a_valid_config(name):
     if name not in ("demo", "micro"):
         assert cfg.model.name_or_path and cfg.data.preferences and cfg.data.eval_preferences
         assert not cfg.model.trust_remote_code  # no preset runs a checkpoint's code
+
+
+@pytest.mark.parametrize("name", ["gpt2-124m", "qwen-0.5b"])
+def test_pretrained_presets_fit_one_gpu_and_cite_their_numbers(name):
+    # bf16 autocast over float32 weights (PPO's steps survive), literature-sized rates (rlhf_lib/config/advice.py).
+    cfg = load_config(name, None, [])
+    assert (cfg.resources.mixed_precision, cfg.model.dtype) == ("bf16", "float32")
+    assert cfg.ppo.lr <= 3e-6 and cfg.sft.lr <= 2e-5
+    text = (Path(__file__).parents[2] / "flows" / "presets" / f"{name}.yaml").read_text()
+    assert "The N+ Implementation Details of RLHF with PPO" in text and "[TRL]" in text

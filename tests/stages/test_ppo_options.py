@@ -84,7 +84,7 @@ def try_case(case: dict[str, Any], models: Path, group: ProcessGroup | None = No
 
 def matrix_worker(job: dict[str, Any], workdir: Path, sink: Sink) -> None:
     """Entry point of the launched processes: every case of `job`, in lockstep, outcomes to the main's sink."""
-    group = ProcessGroup(cpu=True)
+    group = ProcessGroup(device="cpu")
     for case in job["cases"]:
         outcome = try_case(case, Path(job["models"]), group)
         if group.is_main:

@@ -24,7 +24,7 @@ def test_each_shard_samples_the_tokens_of_one_process_and_steps_the_generator_al
         gen = torch.Generator().manual_seed(7)
         rows = slice(start, start + 2)
         got = sample(tiny_policy, query[rows], query_mask[rows], generator=gen,
-                     shard=RowShard(start, 6, group=ProcessGroup(cpu=True)), **kw)
+                     shard=RowShard(start, 6, group=ProcessGroup(device="cpu")), **kw)
         assert torch.equal(got[0], expected[0][rows])
         torch.testing.assert_close(got[2], expected[2][rows], atol=1e-5, rtol=1e-5)
         assert torch.equal(gen.get_state(), one.get_state())

@@ -1,0 +1,178 @@
+"""The memory estimate against hand calculations: exact parameter counts on the meta device, PPO's weights, gradients
+and Adam state of GPT-2 124M, the activation formulas, which knob shrinks which part, and the refusal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf_lib.config import ConfigError, PipelineConfig
+from rlhf_lib.memory import (
+    GiB,
+    MemoryBudgetError,
+    check,
+    estimate,
+    out_of_memory,
+    preflight,
+)
+from rlhf_lib.shapes import (
+    SHAPES,
+    forward_activations,
+    fresh_gpt2_config,
+    known_shape,
+    kv_cache_bytes,
+    logits_bytes,
+    measure,
+    model_config,
+    resolve_models,
+    trained_activations,
+)
+
+GPT2, GPT2_RM = 124_439_808, 124_440_576  # the causal LM (tied embeddings), and with a 768 -> 1 head instead
+
+
+def config(**sections) -> PipelineConfig:
+    """GPT-2 124M (a known shape: no download) at 1024 positions, over `sections`."""
+    base = {"model": {"name_or_path": "gpt2", "n_positions": 1024}, "ppo": {"max_new_tokens": 256}}
+    for name, values in sections.items():
+        base[name] = {**base.get(name, {}), **values}
+    return PipelineConfig.model_validate(base)
+
+
+def part(est, kind: str, name: str) -> int:
+    return sum(c.bytes for c in est.components if c.kind == kind and c.name == name)
+
+
+@pytest.mark.parametrize("shape, causal, scalar", [
+    ("gpt2-124m", GPT2, GPT2_RM),
+    # Pythia's output embedding is its own (untied): the scalar model drops 50304 x 1024 and adds a 1024 -> 1 head.
+    ("pythia-160m", 162_322_944, 162_322_944 - 50304 * 768 + 768),
+    ("pythia-410m", 405_334_016, 405_334_016 - 50304 * 1024 + 1024),
+    ("qwen2.5-0.5b", 494_032_768, 494_032_768 + 896),
+    ("qwen2.5-1.5b", 1_543_714_304, 1_543_714_304 + 1536),
+])
+def test_parameter_counts_on_the_meta_device_are_the_published_ones(shape, causal, scalar):
+    cfg = model_config(shape, "model.name_or_path")
+    assert measure(cfg, "causal").params == causal
+    assert measure(cfg, "scalar").params == scalar
+
+
+def test_qwen_shape_by_hand():
+    # Qwen2.5-0.5B: embeddings 151936 x 896 (tied); per layer q 896x896+896, k and v 896x128+128 each, o 896x896,
+    # MLP 3 x 896 x 4864, two RMSNorms 2 x 896; the final norm 896.
+    per_layer = (896 * 896 + 896) + 2 * (896 * 128 + 128) + 896 * 896 + 3 * 896 * 4864 + 2 * 896
+    assert 151936 * 896 + 24 * per_layer + 896 == 494_032_768
+    a = measure(model_config("Qwen/Qwen2.5-0.5B-Instruct", "model.name_or_path"), "causal", (8, None))
+    assert (a.gated, a.kv_heads, a.head_dim, a.dtype) == (True, 2, 64, "bfloat16")
+    assert a.lora_params == 24 * 8 * ((896 + 896) + (896 + 128))  # peft's default targets q_proj, v_proj
+
+
+def test_shapes_resolve_by_hub_name_and_from_a_local_directory_offline(tmp_path):
+    assert known_shape("EleutherAI/pythia-410m") is SHAPES["pythia-410m"]
+    assert known_shape("someone/unknown") is None
+    fresh_gpt2_config(300, 2, 4, 64, 128).save_pretrained(tmp_path)
+    assert measure(model_config(str(tmp_path), "model.name_or_path"), "causal").params == measure(
+        fresh_gpt2_config(300, 2, 4, 64, 128), "causal").params
+    with pytest.raises(ConfigError, match="reward.name_or_path: cannot read the config of 'nobody/no-such-model'"):
+        model_config("nobody/no-such-model", "reward.name_or_path")  # the tests run with HF_HUB_OFFLINE=1
+
+
+def test_ppo_weights_gradients_and_adam_of_gpt2_124m_in_float32_by_hand():
+    # Four models in float32: policy and reference (causal LM), reward and value model (scalar head), 4 bytes each.
+    # Trained: policy and value model; a gradient (4 bytes) and Adam's two moments (8 bytes) per parameter.
+    est = estimate(config(), "ppo")
+    kinds = est.by_kind()
+    assert kinds["weights"] == 4 * (2 * GPT2 + 2 * GPT2_RM) == 1_991_043_072  # 1.85 GiB
+    assert kinds["grads"] == 4 * (GPT2 + GPT2_RM) == 995_521_536  # 0.93 GiB
+    assert kinds["adam"] == 8 * (GPT2 + GPT2_RM) == 1_991_043_072  # 1.85 GiB
+    assert est.total == sum(kinds.values()) and kinds["runtime"] == GiB
+
+
+def test_bf16_mixed_precision_halves_only_the_frozen_weights():
+    # Trained weights and Adam stay float32 (model.dtype); reference and RM in bfloat16: 4P + 2P + 2R + 4R.
+    est = estimate(config(resources={"mixed_precision": "bf16", "frozen_dtype": "bfloat16"}), "ppo")
+    assert est.by_kind()["weights"] == 6 * (GPT2 + GPT2_RM) == 1_493_282_304
+    assert est.by_kind()["adam"] == 8 * (GPT2 + GPT2_RM)
+
+
+def test_activation_formulas_by_hand():
+    a = measure(fresh_gpt2_config(50257, 12, 12, 768, 1024), "causal")
+    # GPT-2 block: 4H norms + 2H (Q, out) + 2H (K, V) + 2 * 4H (MLP up, GELU) = 16H elements per token.
+    assert a.layer_elements() == 16 * 768
+    assert trained_activations(a, 1000, 4, 4, False) == 1000 * (12 * 16 * 768 + 2 * 768) * 4
+    assert trained_activations(a, 1000, 2, 4, True) == 1000 * (12 * 768 * 4 + (16 * 768 + 2 * 768) * 2)
+    assert forward_activations(a, 10, 2) == 10 * 17 * 768 * 2
+    assert kv_cache_bytes(a, rows=4, length=100, act_bytes=2) == 2 * 12 * 12 * 64 * 4 * 100 * 2
+    assert logits_bytes(2, 3, 50257, copies=4) == 2 * 3 * 50257 * 4 * 4
+
+
+def test_lora_drops_the_reference_and_trains_only_adapters():
+    base, lora = estimate(config(), "ppo"), estimate(config(ppo={"lora": True}), "ppo")
+    assert part(base, "weights", "reference") == 4 * GPT2 and part(lora, "weights", "reference") == 0
+    adapters = 12 * 8 * (768 + 3 * 768)  # c_attn of each block, rank 8: r * (fan_in + fan_out)
+    assert part(lora, "grads", "policy") == 4 * adapters and part(lora, "adam", "policy") == 8 * adapters
+    assert part(lora, "weights", "policy LoRA adapters") == 4 * adapters
+
+
+@pytest.mark.parametrize("ppo", [{"advantage_estimator": "grpo"}, {"critic": "shared"}])
+def test_critic_free_or_shared_critic_loads_no_value_model(ppo):
+    est = estimate(config(ppo=ppo), "ppo")
+    assert not [c for c in est.components if c.name.startswith("value model")]
+    assert "update: value model" not in est.phases
+    assert est.by_kind()["adam"] < estimate(config(), "ppo").by_kind()["adam"]
+
+
+def test_frozen_dtype_halves_reference_and_reward_model():
+    base, half = estimate(config(), "ppo"), estimate(config(resources={"frozen_dtype": "bfloat16"}), "ppo")
+    for name in ("reference", "reward model"):
+        assert 2 * part(half, "weights", name) == part(base, "weights", name)
+    assert part(half, "weights", "policy") == part(base, "weights", "policy")
+
+
+def test_checkpointing_chunking_and_micro_batches_lower_the_update_and_scoring_phases():
+    base = estimate(config(), "ppo").phases
+    ckpt = estimate(config(ppo={"gradient_checkpointing": True}), "ppo").phases
+    assert ckpt["update: policy"] < base["update: policy"] and ckpt["sampling"] == base["sampling"]
+    whole = estimate(config(ppo={"logprob_chunk": None}), "ppo").phases
+    small = estimate(config(ppo={"logprob_chunk": 16}), "ppo").phases
+    assert small["update: policy"] < base["update: policy"] < whole["update: policy"]
+    assert small["score: reference"] < base["score: reference"]
+    micro = estimate(config(ppo={"micro_batch_tokens": 2048}), "ppo").phases  # 2 rows of 1024 instead of 16
+    assert micro["update: policy"] < base["update: policy"] and micro["update: value model"] < base[
+        "update: value model"]
+
+
+def test_sft_logits_and_reward_lists_by_hand():
+    cfg = config(sft={"batch_size": 2, "max_length": 512}, reward={"batch_size": 2, "max_length": 512})
+    sft = estimate(cfg, "sft")
+    assert part(sft, "activations", "logits") == 2 * 512 * 50257 * 4 * 4
+    reward = estimate(cfg, "reward")  # 2 lists x K=4 responses of 512 tokens
+    a = resolve_models(cfg).reward
+    assert reward.phases["training step"] == trained_activations(a, 8 * 512, 4, 4, False)
+
+
+def test_refusal_names_the_largest_parts_and_their_keys():
+    cfg = config(ppo={"batch_size": 256, "minibatches": 1})  # a 256-row micro-batch of 1024 tokens
+    est = estimate(cfg, "ppo")
+    with pytest.raises(MemoryBudgetError) as refused:
+        check(est, 80 * GiB, "an 80 GB device")
+    message = str(refused.value)
+    assert isinstance(refused.value, ConfigError)
+    assert "the ppo stage needs about" in message and "an 80 GB device has 80.00 GB" in message
+    assert "ppo.micro_batch_tokens / ppo.gradient_accumulation_steps" in message
+    assert "ppo.gradient_checkpointing" in message and "ppo.logprob_chunk" in message
+    check(estimate(config(), "ppo"), 80 * GiB)  # the default batch fits
+
+
+def test_preflight_checks_resources_memory_gb_and_skips_the_check_on_a_cpu():
+    with pytest.raises(MemoryBudgetError, match=r"resources.memory_gb \(2\) has 2.00 GB"):
+        preflight(config(resources={"memory_gb": 2}), "ppo", "cpu")
+    assert preflight(config(resources={"device": "cpu"}), "ppo", "cpu") is None  # nothing to check against
+
+
+def test_an_out_of_memory_error_becomes_a_refusal_naming_keys():
+    est = estimate(config(), "ppo")
+    error = out_of_memory(est, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."))
+    assert isinstance(error, MemoryBudgetError)
+    assert "ran out of device memory (CUDA out of memory. Tried to allocate 2.00 GiB.)" in str(error)
+    assert "<- " in str(error)
