@@ -80,7 +80,10 @@ def flow_settings(server):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from flows.seeds import parse_seeds
+
     cfg = load_config(args.preset, args.config, args.set or [])
+    seeds = parse_seeds(args.seeds) if args.seeds else None  # refused before any work
     configure_env()
     server = start_prefect()
     from flows.console import Console
@@ -90,14 +93,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import rlhf
 
     console = Console(quiet=args.json, debug=args.debug)
+
+    def run(config) -> dict:
+        return rlhf(config=config, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
+                    reward_model=args.reward_model)
+
     with flow_settings(server), console.live():
-        summary = rlhf(config=cfg, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,
-                       reward_model=args.reward_model)
+        if seeds is None:
+            summary = run(cfg)
+        else:
+            from flows.seeds import run_seeds
+
+            summary = run_seeds(cfg, seeds, run)
     if args.json:
         print(json.dumps(summary), flush=True)
-    else:
+    elif seeds is None:
         console.summary(summary)
-    return 0
+    else:
+        console.seeds(summary)
+    return 0 if summary["status"] == "completed" else 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -235,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--sft-model", metavar="URI", help="use this SFT model instead of the sft stage")
     r.add_argument("--reward-model", metavar="URI", help="use this reward model instead of the reward stage, "
                    "e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion or runs:/<run id>/model")
+    r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (data, model, SFT, RM and PPO seeds) and "
+                   "print each seed's held-out figures and their mean and spread, e.g. --seeds 0,1,2")
     r.add_argument("--json", action="store_true", help="print one JSON summary as the last stdout line (no "
                    "progress display)")
     r.set_defaults(fn=cmd_run)

@@ -26,6 +26,7 @@ from rich.progress import (
 from rich.table import Table
 
 from flows.errors import quiet_user_errors
+from rlhf_lib.intervals import split_intervals, with_interval
 from stages import progress
 
 
@@ -90,16 +91,33 @@ class Console:
         for stage, s in summary["stages"].items():
             table.add_row(stage, s["status"], f"{s['seconds']:.1f}", s.get("model_uri") or s["mlflow_run_id"])
         self.out.print(table)
-        figures = {k: v for k, v in (summary.get("eval") or {}).items() if v is not None}
+        values, bounds = split_intervals(summary.get("eval") or {})
+        figures = {k: v for k, v in values.items() if v is not None}
         if figures:
-            held = Table(title="held-out evaluation (policy vs SFT)", title_justify="left")
+            held = Table(title="held-out evaluation (policy vs SFT), 95 % intervals", title_justify="left")
             held.add_column("figure")
-            held.add_column("value", justify="right")
+            held.add_column("value [95 % interval]", justify="right")
             for k, v in figures.items():
-                held.add_row(k, f"{v:.4g}")
+                held.add_row(k, with_interval(v, bounds.get(k)))
             self.out.print(held)
         for line in where_to_look(summary):
             self.out.print(line)
+
+    def seeds(self, result: dict) -> None:
+        """Each seed's stages as `summary` prints them, then one table of the held-out figures: per seed with its
+        95 % interval, and their mean and standard deviation over the seeds."""
+        from flows.seeds import seed_rows
+
+        for summary in result["seeds"].values():
+            self.summary(summary)
+        rows = seed_rows(result)
+        table = Table(title=f"held-out figures over {len(result['seeds'])} seeds (95 % intervals)",
+                      title_justify="left")
+        for col in rows[0]:
+            table.add_column(col, justify="left" if col == "figure" else "right")
+        for row in rows:
+            table.add_row(*(row.get(c, "") for c in rows[0]))
+        self.out.print(table)
 
 
 def where_to_look(summary: dict) -> list[str]:

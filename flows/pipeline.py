@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from rlhf_lib.config import PipelineConfig, build_config
+from rlhf_lib.intervals import split_intervals, with_interval
 from rlhf_lib.process import configure_process
 from stages.base import RunContext
 from stages.cache import StageResult, given_model
@@ -160,6 +161,7 @@ def _markdown(summary: dict) -> None:
                   f"`mlartifacts/{report}`)"]
     if summary.get("eval"):
         lines += ["", "| eval metric | value |", "| --- | --- |"]
-        lines += [f"| {k} | {v if v is None else round(v, 4)} |" for k, v in summary["eval"].items()]
+        values, bounds = split_intervals(summary["eval"])
+        lines += [f"| {k} | {with_interval(v, bounds.get(k))} |" for k, v in values.items()]
     create_markdown_artifact("\n".join(lines), key="rlhf-summary",
                              description="Where this pipeline run's artifacts are")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.config import EvalConfig
+from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.ppo.kl import kl_per_token
 from rlhf_lib.ppo.masked import masked_sum
 from rlhf_lib.ppo.retokenize import retokenized_scores
@@ -20,6 +21,7 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 Judge = Callable[[str, str], float]
+Terms = Callable[[str, str], dict[str, float]]  # the judge's score term by term (the demo task's gold_breakdown)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Generations:
     has_eos: torch.Tensor
     kl_to_ref: torch.Tensor
     gold: list[float] | None = None
+    terms: dict[str, list[float]] | None = None  # the judge's terms per response, by term name
 
 
 @dataclass
@@ -39,13 +42,14 @@ class EvalResult:
     metrics: dict[str, float | None]
     samples: list[dict[str, object]] = field(default_factory=list)
     lengths: dict[str, list[float]] = field(default_factory=dict)  # response lengths, "PPO policy" and "SFT"
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 % interval of each metric
 
 
 @torch.inference_mode()
 def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None, terms: Terms | None = None,
 ) -> Generations:
     """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
     response with the RM (through `reward_tokenizer` when the RM has its own), the KL to `ref` (sum over tokens of
@@ -67,12 +71,16 @@ def generate_and_score(
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id).cpu())
         kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1).float().cpu())
     gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
-    return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold)
+    by_term = None
+    if terms is not None:
+        rows = [terms(p, t) for p, t in zip(prompts, texts)]
+        by_term = {name: [r[name] for r in rows] for name in (rows[0] if rows else {})}
+    return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold, by_term)
 
 
-def win_rate(a: torch.Tensor, b: torch.Tensor) -> float:
+def win_rate(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> float:
     """Share of rows where `a` beats `b`, a tie counting half (identical models score 0.5). Shapes: (N,), (N,)."""
-    return float(((a > b).float() + 0.5 * (a == b).float()).mean())
+    return float(win_indicators(a, b).mean())
 
 
 def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
@@ -93,7 +101,32 @@ def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
         g_pol, g_sft = torch.tensor(policy.gold), torch.tensor(sft.gold)
         m.update(gold_reward_mean=float(g_pol.mean()), gold_reward_mean_sft=float(g_sft.mean()),
                  win_rate_vs_sft=win_rate(g_pol, g_sft))
+    for name, values in (policy.terms or {}).items():
+        m[f"gold_{name}_mean"] = sum(values) / len(values)
+        m[f"gold_{name}_mean_sft"] = sum(sft.terms[name]) / len(sft.terms[name])
     return m
+
+
+def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
+    """The per-prompt values whose means are `compare`'s metrics (win rates as 1 / 0.5 / 0 per prompt)."""
+    rows = {"reward_mean": policy.scores.tolist(), "reward_mean_sft": sft.scores.tolist(),
+            "rm_win_rate_vs_sft": win_indicators(policy.scores, sft.scores).tolist(),
+            "kl_to_ref": policy.kl_to_ref.tolist(), "response_length_mean": policy.lengths.tolist(),
+            "response_length_mean_sft": sft.lengths.tolist()}
+    if policy.gold is not None and sft.gold is not None:
+        rows.update(gold_reward_mean=policy.gold, gold_reward_mean_sft=sft.gold,
+                    win_rate_vs_sft=win_indicators(policy.gold, sft.gold).tolist())
+    for name, values in (policy.terms or {}).items():
+        rows[f"gold_{name}_mean"], rows[f"gold_{name}_mean_sft"] = values, sft.terms[name]
+    return rows
+
+
+def intervals(policy: Generations, sft: Generations) -> dict[str, tuple[float, float]]:
+    """95 % interval of each held-out metric: a seeded bootstrap over prompts for the means and win rates, Wilson's
+    for the share of responses without EOS."""
+    out = {k: mean_interval(v) for k, v in per_row(policy, sft).items()}
+    out["no_eos_frac"] = proportion_interval(int((~policy.has_eos).sum()), len(policy.texts))
+    return out
 
 
 def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n: int) -> list[dict[str, object]]:
@@ -112,11 +145,13 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
 def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None,
+    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None, terms: Terms | None = None,
 ) -> EvalResult:
-    """Held-out comparison of `policy` with `sft` (which is also the KL reference)."""
+    """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
+    one where the task has them, and a 95 % interval of every figure."""
     args = (reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    pol = generate_and_score(policy, sft, *args, reward_tokenizer=reward_tokenizer, chunk=chunk)
-    base = generate_and_score(sft, sft, *args, reward_tokenizer=reward_tokenizer, chunk=chunk)
+    kw = {"reward_tokenizer": reward_tokenizer, "chunk": chunk, "terms": terms}
+    pol = generate_and_score(policy, sft, *args, **kw)
+    base = generate_and_score(sft, sft, *args, **kw)
     return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),
-                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()})
+                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, intervals(pol, base))

@@ -41,6 +41,10 @@ PPO = (
        "dominating `objective/score`: β too large, the policy cannot move"),
     _m("objective/reward_total", "mean per-response sum of the shaped reward (score + KL penalty)",
        "falling for many iterations"),
+    _m("heldout/reward heldout/gold heldout/kl heldout/length", "evaluation during PPO (`ppo.eval_every`): RM score, "
+       "gold score (demo task), KL to the reference (nats/response) and length of the policy's samples on "
+       "`ppo.eval_prompts` held-out prompts, the same draws each time", "heldout/reward rising while heldout/gold "
+       "falls: the policy over-optimises the RM on prompts it never trained on (`ppo.keep: best` keeps the best)"),
     _m("objective/gold", "the gold judge's mean score of the rollout's responses (demo task only; monitoring, never "
        "part of the reward)", "falling while `objective/score_raw` rises: over-optimisation of the RM"),
     _m("advantages/mean advantages/std advantages/min advantages/max", "advantages before whitening (GAE, or the "
@@ -101,6 +105,8 @@ REWARD = (
     _m("reward/steps", "optimizer steps taken (step 0)"),
     _m("reward/heldout_accuracy", "pairwise accuracy on the held-out pairs (noise-free judge pairs on the demo task, "
        "held-out human labels on user data)", "well below the labels' agreement with the judge: the RM underfits"),
+    _m("reward/heldout_accuracy_ci95_low reward/heldout_accuracy_ci95_high", "Wilson 95 % interval of the held-out "
+       "accuracy (the reward run's rm_report/ has it by margin, judge term and category)"),
     _m("reward/truncated_prompts reward/truncated_responses", "prompts and responses cut to fit `reward.max_length`",
        "many: the RM may not see what tells the responses apart"),
 )
@@ -127,6 +133,12 @@ EVAL = (
        "and the policy's share of responses without EOS"),
     _m("eval/reward_model_accuracy", "the RM's pairwise accuracy on the held-out pairs"),
     _m("eval/truncated_prompts", "eval prompts cut on the left"),
+    _m("eval/gold_<term>_mean eval/gold_<term>_mean_sft", "each term of the gold judge (topic, detail, tone, "
+       "length, ending, repetition) for policy and SFT samples (demo task)", "the policy below SFT on a term, "
+       "above all on topic: PPO traded it for what the RM rewards"),
+    _m("eval/<figure>_ci95_low eval/<figure>_ci95_high", "95 % interval of each held-out figure: a seeded bootstrap "
+       "over prompts (means, win rates), Wilson's (shares: no_eos_frac, reward_model_accuracy)",
+       "two runs whose intervals overlap cannot be told apart"),
 )
 
 RUNS = {"ppo": PPO, "sft": SFT, "reward": REWARD, "data": DATA, "eval": EVAL}

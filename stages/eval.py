@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -11,10 +12,11 @@ from prefect import flow, get_run_logger
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
-from rlhf_lib.demo_task import FILE_NAMES, gold_score
+from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
 from rlhf_lib.devices import autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.eval import evaluate
+from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
@@ -32,11 +34,12 @@ def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
     return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key, _ in CURVES}
 
 
-def ppo_alarms(ppo_run_id: str) -> list[str]:
+def ppo_tags(ppo_run_id: str) -> dict[str, str]:
+    return RetryingClient().get_run(ppo_run_id).data.tags if ppo_run_id else {}
+
+
+def ppo_alarms(tags: dict[str, str]) -> list[str]:
     """The alarms the PPO run raised (its `rlhf.alarm.<name>` tags), as report lines."""
-    if not ppo_run_id:
-        return []
-    tags = RetryingClient().get_run(ppo_run_id).data.tags
     return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
 
 
@@ -55,13 +58,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
-        judge = gold_score if has_judge(data_dir) else None
+        judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
         max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
         own = None if same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
         precision = autocast(device, cfg.resources.mixed_precision)
         with precision():
             result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge,
-                              reward_tokenizer=own, chunk=cfg.ppo.logprob_chunk)
+                              reward_tokenizer=own, chunk=cfg.ppo.logprob_chunk, terms=terms)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
@@ -70,7 +73,12 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         with precision():
             metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
                                                                  cfg.reward.eval_batch_size)
+        bounds = dict(result.intervals)
+        bounds["reward_model_accuracy"] = proportion_interval(round(metrics["reward_model_accuracy"] * len(pairs)),
+                                                              len(pairs))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
+        run.log_metrics({f"eval/{k}_ci95_{end}": v for k, (lo, hi) in bounds.items()
+                         for end, v in (("low", lo), ("high", hi)) if math.isfinite(v)}, step=0)
         info = source_info(data_dir)
         summary = {
             "name": cfg.name,
@@ -78,11 +86,17 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
                "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only"},
             "metrics": metrics,
+            "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
         }
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))
         history = ppo_history(upstream["ppo"].mlflow_run_id)
-        alarms = ppo_alarms(upstream["ppo"].mlflow_run_id)
+        tags = ppo_tags(upstream["ppo"].mlflow_run_id)
+        alarms = ppo_alarms(tags)
         summary["alarms"] = alarms
+        if "rlhf.kept" in tags:  # ppo.keep: which iteration's policy this is
+            kept = tags["rlhf.kept"]
+            summary["lineage"]["kept policy"] = kept + (" (picked on held-out prompts: the figures below are "
+                                                        "optimistic for them)" if kept.startswith("best") else "")
         (out_dir / "report.json").write_text(json.dumps(summary, indent=2))
         html = render_html(summary, history, result.samples, result.lengths, alarms)
         (out_dir / "report.html").write_text(html, encoding="utf-8")
@@ -103,10 +117,13 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                "resources": {"mixed_precision": config.resources.mixed_precision}}
     build = _build(config, data_dir, data, upstream)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
-    metrics = json.loads((local / "report.json").read_text())["metrics"]
+    report = json.loads((local / "report.json").read_text())
+    metrics = report["metrics"]
     if result.status == "ran" and ppo.model_uri:
         promote_champion(ppo.model_uri, metrics)
-    return as_state(result, (result, metrics))
+    # The summary's eval figures, each with its 95 % interval under `<name>_ci95`.
+    bounds = {f"{k}_ci95": v for k, v in report.get("intervals", {}).items()}
+    return as_state(result, (result, metrics | bounds))
 
 
 def champion_metric(metrics: dict) -> str:

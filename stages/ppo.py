@@ -161,8 +161,10 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
         max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
+        heldout = ([p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
+                   if cfg.ppo.eval_every else [])
         job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir), reward_dir=str(reward_dir),
-                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir))
+                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir), eval_prompts=heldout)
         _train(cfg, run, job)
     return build
 
@@ -213,6 +215,9 @@ def ppo_stage(
                              "frozen_dtype": config.resources.frozen_dtype}}
     if config.ppo.ptx_coef > 0:  # the demonstrations' length
         section["sft"] = {"max_length": config.sft.max_length}
-    result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward},
-                           file_digest(data_dir, "prompts_train"), _build(config, data_dir, data, sft, reward))
+    # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
+    fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
+                                                            if config.ppo.eval_every else "")
+    result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward}, fingerprint,
+                           _build(config, data_dir, data, sft, reward))
     return as_state(result)

@@ -7,11 +7,14 @@ import html
 import io
 from typing import Any
 
+from rlhf_lib.intervals import with_interval
+
 CURVES = [
     ("objective/score_raw", "RM score (raw)"), ("objective/kl", "KL to reference (nats/response)"),
     ("objective/kl_coef", "beta"), ("policy/entropy", "entropy"), ("response/length_mean", "response length"),
     ("policy/clipfrac", "clip fraction"), ("value/explained_variance", "explained variance"),
     ("objective/gold", "gold score (judge, monitoring only)"),
+    ("heldout/reward", "held-out RM score (ppo.eval_every)"), ("heldout/gold", "held-out gold score (ppo.eval_every)"),
 ]
 
 
@@ -82,23 +85,27 @@ def overoptimisation_png(history: dict[str, list[tuple[int, float]]]) -> str | N
     return out
 
 
-def lengths_png(lengths: dict[str, list[float]]) -> str | None:
-    """Histogram of response lengths on the held-out prompts, policy vs SFT."""
-    plt = _plt()
-
-    if not any(lengths.values()):
+def hist_png(series: dict[str, list[float]], xlabel: str, ylabel: str, bins: Any = 30) -> str | None:
+    """Overlaid histograms of named series, as base64 PNG; None when every series is empty."""
+    if not any(series.values()):
         return None
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    top = max(max(v) for v in lengths.values() if v)
-    for name, values in lengths.items():
-        ax.hist(values, bins=range(0, int(top) + 2), alpha=0.5, label=name)
-    ax.set_xlabel("response length (tokens, EOS included)")
-    ax.set_ylabel("responses")
+    for name, values in series.items():
+        ax.hist(values, bins=bins, alpha=0.5, label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()
     out = _png(fig)
     plt.close(fig)
     return out
+
+
+def lengths_png(lengths: dict[str, list[float]]) -> str | None:
+    """Histogram of response lengths on the held-out prompts, policy vs SFT."""
+    top = max((max(v) for v in lengths.values() if v), default=0)
+    return hist_png(lengths, "response length (tokens, EOS included)", "responses", range(0, int(top) + 2))
 
 
 def _img(png: str | None, alt: str) -> str:
@@ -129,19 +136,41 @@ SINGLE = [("win rate vs SFT (gold judge)", "win_rate_vs_sft"),
           ("RM accuracy on held-out pairs", "reward_model_accuracy"), ("prompts cut on the left", "truncated_prompts")]
 
 
-def metrics_table(metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """The held-out metrics, policy next to SFT. Gold rows say so when the data has no judge (user data)."""
+def metrics_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
+    """The held-out metrics, policy next to SFT, each with its 95 % interval. Gold rows say so when the data has
+    no judge (user data)."""
     pairs = [("gold reward (judge)", "gold_reward_mean", "gold_reward_mean_sft"),
              ("RM reward", "reward_mean", "reward_mean_sft"),
              ("response length (tokens)", "response_length_mean", "response_length_mean_sft")]
     judged = metrics.get("gold_reward_mean") is not None
+    bounds = intervals or {}
 
     def value(key: str) -> Any:
-        return NO_JUDGE if not judged and key in ("gold_reward_mean", "win_rate_vs_sft") else metrics.get(key)
+        if not judged and key in ("gold_reward_mean", "win_rate_vs_sft"):
+            return NO_JUDGE
+        v = metrics.get(key)
+        return with_interval(v, bounds.get(key)) if isinstance(v, float) and key in bounds else v
 
-    table = [{"metric": name, "PPO policy": value(a), "SFT": NO_JUDGE if value(a) == NO_JUDGE else metrics.get(b)}
+    table = [{"metric": name, "PPO policy": value(a), "SFT": NO_JUDGE if value(a) == NO_JUDGE else value(b)}
              for name, a, b in pairs]
     return table + [{"metric": name, "PPO policy": value(k), "SFT": None} for name, k in SINGLE if k in metrics]
+
+
+TERMS = ("topic", "detail", "tone", "length", "ending", "repetition")
+
+
+def terms_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
+    """The gold judge's terms one by one (demo task): policy, SFT and the difference, with 95 % intervals."""
+    bounds = intervals or {}
+    rows = []
+    for term in TERMS:
+        pol, sft = metrics.get(f"gold_{term}_mean"), metrics.get(f"gold_{term}_mean_sft")
+        if pol is None or sft is None:
+            continue
+        rows.append({"term": term, "PPO policy": with_interval(pol, bounds.get(f"gold_{term}_mean")),
+                     "SFT": with_interval(sft, bounds.get(f"gold_{term}_mean_sft")), "PPO - SFT": pol - sft,
+                     "PPO loses": "yes" if pol < sft else ""})
+    return rows
 
 
 def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, float]]],
@@ -149,7 +178,9 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
                 alarms: list[str] | None = None) -> str:
     """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT); `alarms` the PPO run's alarms."""
     metrics = summary["metrics"]
-    table = metrics_table(metrics)
+    table = metrics_table(metrics, summary.get("intervals"))
+    terms = terms_table(metrics, summary.get("intervals"))
+    terms_html = f"<h2>Gold judge term by term: PPO policy vs SFT</h2>{_table(terms)}" if terms else ""
     lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
     curves = _img(curves_png(history), "PPO curves")
     overopt = _img(overoptimisation_png(history), "proxy and gold reward against KL")
@@ -163,7 +194,7 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
         f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
         f"<h2>Lineage</h2>{_table(lineage)}"
-        f"<h2>Held-out metrics: PPO policy vs SFT</h2>{_table(table)}"
+        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}"
         f"<h2>PPO training curves</h2>{curves}"
         f"<h2>Proxy vs gold reward against KL</h2>{overopt}"
         f"<h2>Response lengths on held-out prompts</h2>{hist}"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 from prefect import flow
@@ -10,7 +12,7 @@ from prefect import flow
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
-from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown
 from rlhf_lib.devices import autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.memory import preflight
@@ -22,13 +24,15 @@ from rlhf_lib.models import (
     fit_length,
     load_tokenizer,
 )
-from rlhf_lib.reward import pairwise_accuracy
+from rlhf_lib.reward import score_texts
+from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
-from stages.data import dataset_name, file_digest
+from stages.data import dataset_name, file_digest, has_judge
 from stages.models_io import model_source_digest
+from stages.rm_report import render_rm_report
 from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun
 
@@ -69,9 +73,18 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         device = ProcessGroup(device=cfg.resources.device).device
         with autocast(device, cfg.resources.mixed_precision)():
-            final["reward/heldout_accuracy"] = pairwise_accuracy(model.to(device), tokenizer, pairs, rcfg.max_length,
-                                                                 rcfg.eval_batch_size)
+            chosen, rejected = (score_texts(model.to(device), tokenizer, [p.prompt for p in pairs], side,
+                                            rcfg.max_length, rcfg.eval_batch_size).tolist()
+                                for side in ([p.chosen for p in pairs], [p.rejected for p in pairs]))
+        report = rm_report(pairs, chosen, rejected, gold_breakdown if has_judge(data_dir) else None)
+        final["reward/heldout_accuracy"] = report["accuracy"]
+        final["reward/heldout_accuracy_ci95_low"], final["reward/heldout_accuracy_ci95_high"] = report["ci95"]
         run.log_metrics(final, step=0)
+        with tempfile.TemporaryDirectory(prefix="rlhf-rm-report-") as tmp:
+            (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+            (Path(tmp) / "report.html").write_text(render_rm_report(cfg.name, report, chosen, rejected),
+                                                   encoding="utf-8")
+            run.log_dir(Path(tmp), "rm_report")
         save_model(model, tokenizer, out_dir)
     return build
 

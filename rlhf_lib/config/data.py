@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from rlhf_lib.config.base import Section
 
 COLUMN_NAMES = {
-    "preferences_columns": ("prompt", "chosen", "rejected", "responses", "ranking", "scores"),
+    "preferences_columns": ("prompt", "chosen", "rejected", "responses", "ranking", "scores", "category"),
     "sft_columns": ("prompt", "completion", "response", "messages", "text"),
     "prompts_columns": ("prompt",),
 }

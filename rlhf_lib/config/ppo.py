@@ -100,6 +100,14 @@ class PPOConfig(Section):
     max_refused_iterations: int = Field(3, ge=1, description="Fail the stage after this many iterations in a row "
                                         "whose every update step was refused for a non-finite loss or gradient.")
     sample_every: int = Field(10, ge=1, description="Log a table of sample responses every N iterations.")
+    eval_every: int | None = Field(None, ge=1, description="Every N iterations (and after the last), sample the "
+                                   "policy on ppo.eval_prompts held-out prompts and log heldout/* (RM reward, gold "
+                                   "where the task has a judge, KL to the reference, length); null = off.")
+    eval_prompts: int = Field(32, ge=1, description="Held-out prompts of the evaluation during PPO: the first ones "
+                              "of the eval stage's prompts, with the same seeded draws at every evaluation.")
+    keep: Literal["final", "best"] = Field("final", description="The policy saved and registered: the final one, or "
+                                           "(with ppo.eval_every) the one of the evaluation with the best held-out "
+                                           "figure (gold, else RM reward), named in the PPO run's rlhf.kept tag.")
     checkpoint_every: int = Field(10, ge=1, description="Log a checkpoint (weights, optimizer, RNG, KL state) every "
                                   "N iterations, and after the last one.")
     keep_checkpoints: int | None = Field(2, ge=1, description="Checkpoints kept (locally and in the MLflow run); "
@@ -135,6 +143,8 @@ class PPOConfig(Section):
              f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.group_size ({self.group_size}) "
              f"with ppo.advantage_estimator={self.advantage_estimator}"),
         ]
+        checks.append((self.keep == "best" and self.eval_every is None,
+                       "ppo.keep=best needs ppo.eval_every: the best policy is chosen at the held-out evaluations"))
         for bad, message in checks:
             if bad:
                 raise ValueError(message)

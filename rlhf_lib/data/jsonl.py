@@ -60,6 +60,8 @@ def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any] | DataErr
 def as_row(record: Any) -> dict[str, Any]:
     """The JSONL row of a record dataclass (a ranked example is written best first with the identity ranking)."""
     row = {f.name: getattr(record, f.name) for f in fields(record)}
+    if row.get("category", "") is None:  # an optional field is written only when set
+        del row["category"]
     if isinstance(row.get("responses"), tuple):
         row.update(responses=list(row["responses"]), ranking=list(range(len(row["responses"]))))
     return row

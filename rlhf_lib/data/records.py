@@ -8,6 +8,9 @@ Formats, one JSON object per line (blank lines ignored, extra fields ignored):
 - prompts: {"prompt": str}
 - pairs: {"prompt": str, "chosen": str, "rejected": str}
 
+Ranked lists and pairs may carry an optional "category" (a string: the source's `category` column, RewardBench's
+layout), which the reward-model report breaks its accuracy down by.
+
 Every problem is a `DataError` whose message reads "<path>:<line>: <reason>" and names the field involved, so a user
 can fix their file; with on_bad_row="skip" bad rows are dropped and counted by reason instead.
 """
@@ -38,6 +41,7 @@ class SFTExample:
 class RankedExample:
     prompt: str
     responses: tuple[str, ...]  # best first (the file's ranking already applied)
+    category: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class PairExample:
     prompt: str
     chosen: str
     rejected: str
+    category: str | None = None
 
 
 Record = SFTExample | RankedExample | PromptExample | PairExample
@@ -58,7 +63,7 @@ Record = SFTExample | RankedExample | PromptExample | PairExample
 def n_chars(record: Record) -> int:
     """Characters of text in a record (the overlong-row check)."""
     values = (getattr(record, f.name) for f in fields(record))
-    return sum(len(v) if isinstance(v, str) else sum(map(len, v)) for v in values)
+    return sum(len(v) if isinstance(v, str) else sum(map(len, v)) for v in values if v is not None)
 
 
 @dataclass
@@ -88,9 +93,20 @@ def check_pair(chosen: str, rejected: str, cols: tuple[str, str] = ("chosen", "r
 
 def _parse_pair(obj: dict[str, Any]) -> PairExample:
     f = Fields(obj)
-    ex = PairExample(f.text("prompt"), f.text("chosen"), f.text("rejected"))
+    ex = PairExample(f.text("prompt"), f.text("chosen"), f.text("rejected"), category(f))
     check_pair(ex.chosen, ex.rejected)
     return ex
+
+
+def category(f: Fields) -> str | None:
+    """The row's optional `category`: a non-empty string or number, as a string; None when absent or empty."""
+    value = f.get("category") if f.has("category") else None
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        col = f.col("category")
+        raise bad("wrong type", f"field {col!r}: expected a string, got {jtype(value)}", col)
+    return str(value).strip()
 
 
 def check_no_ties(responses: list[str], col: str = "responses") -> None:
@@ -102,7 +118,7 @@ def _parse_ranked(obj: dict[str, Any]) -> RankedExample:
     f = Fields(obj)
     prompt, responses = f.text("prompt"), f.texts("responses")
     check_no_ties(responses)
-    return RankedExample(prompt, ranked(f, responses))
+    return RankedExample(prompt, ranked(f, responses), category(f))
 
 
 def ranked(f: Fields, responses: list[str]) -> tuple[str, ...]:

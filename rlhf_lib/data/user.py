@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
@@ -22,7 +22,7 @@ from rlhf_lib.config import DataConfig
 from .chat import Renderer
 from .fields import DataError, Fields
 from .formats import PARSERS, detect
-from .records import PairExample, PromptExample, RankedExample, ReadResult, SFTExample, collect
+from .records import PairExample, PromptExample, RankedExample, ReadResult, SFTExample, category, collect
 from .sources import Source, source_rows
 
 
@@ -63,7 +63,13 @@ def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], re
                     raise DataError(f"{place(n)}: {e}", path=src.spec, line=n, kind=e.kind) from None
             break
     parse = PARSERS[kind]
-    result = collect(chain(head, rows), lambda obj: parse(fmt, Fields(obj, mapping), renderer), on_bad_row,  # type: ignore[arg-type]
+    def parse_row(obj: dict[str, Any]) -> Any:
+        fields = Fields(obj, mapping)
+        record = parse(fmt, fields, renderer)
+        # A preference row's optional category (RewardBench's layout) rides along for the RM report.
+        return replace(record, category=cat) if kind == "preferences" and (cat := category(fields)) else record
+
+    result = collect(chain(head, rows), parse_row, on_bad_row,  # type: ignore[arg-type]
                      max_chars, src.spec, place)
     return result, fmt
 
@@ -83,7 +89,7 @@ def split_heldout(lists: list[RankedExample], fraction: float, seed: int) -> tup
 
 def pairs_of(lists: Iterable[RankedExample]) -> list[PairExample]:
     """Every (better, worse) pair of every ranked list: K(K-1)/2 per list."""
-    return [PairExample(ex.prompt, ex.responses[i], ex.responses[j])
+    return [PairExample(ex.prompt, ex.responses[i], ex.responses[j], ex.category)
             for ex in lists for i in range(len(ex.responses)) for j in range(i + 1, len(ex.responses))]
 
 

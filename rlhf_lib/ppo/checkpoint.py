@@ -7,6 +7,8 @@ loading one never runs code. A checkpoint is a directory:
     value.safetensors      the critic's own weights: value model, value head, or none (same layout)
     optimizer.safetensors  the optimizer's tensors (Adam moments, `step`) as `state.<param index>.<key>`
     rng.safetensors        torch global RNG, the trainer's `torch.Generator` (and CUDA RNGs when CUDA is in use)
+    best_policy.safetensors  with `ppo.keep: best` once an evaluation ran: the best policy so far (its weights as
+                           saved for registering; which iteration and figure are in state.json)
     state.json             the rest: the optimizer's other values, numpy and python RNG states, the prompt sampler,
                            the KL controller, the iteration, the trainer's running statistics, the config (for
                            reference) and the caller's `extra`
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 FORMAT = "rlhf_lib.ppo.checkpoint/2"
 POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE = "policy.safetensors", "value.safetensors", "optimizer.safetensors"
 RNG_FILE, STATE_FILE, COMPLETE_MARKER = "rng.safetensors", "state.json", "COMPLETE"
+BEST_FILE = "best_policy.safetensors"  # optional: only with ppo.keep=best
 FILES = (POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, COMPLETE_MARKER)
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -84,6 +87,8 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
     save_model(trainer.critic.module, str(directory / VALUE_FILE))
     save_file(opt_tensors, str(directory / OPTIMIZER_FILE))
     save_file(_torch_rng(trainer.generator), str(directory / RNG_FILE))
+    if trainer.best is not None:
+        save_file(trainer.best.state, str(directory / BEST_FILE))
     (directory / STATE_FILE).write_text(state_text, encoding="utf-8")
     (directory / COMPLETE_MARKER).write_text(str(trainer.iteration))
     return directory
@@ -107,6 +112,7 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
         optimizer = _join_optimizer(trainer.optimizer, state["optimizer"], load_file(str(directory / OPTIMIZER_FILE)),
                                     directory / OPTIMIZER_FILE)
         rng = load_file(str(directory / RNG_FILE))
+        best = load_file(str(directory / BEST_FILE)) if state["trainer"].get("best") else None
         _check_state(trainer, state, rng, directory)
     except (KeyError, TypeError, json.JSONDecodeError, SafetensorError, OSError) as e:
         raise ValueError(f"checkpoint {directory} is unreadable: {type(e).__name__}: {e}") from e
@@ -116,7 +122,7 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
     trainer.critic.module.load_state_dict(value, strict=True)
     trainer.optimizer.load_state_dict(optimizer)
     trainer.kl_ctl.load_state_dict(state["kl_controller"]["state"])
-    trainer.load_extra_state(state["trainer"])
+    trainer.load_extra_state(state["trainer"], best)
     sampler = state["sampler"]
     trainer.sampler.rng.setstate(_python_state(sampler["rng"]))
     trainer.sampler.order, trainer.sampler.pos = list(sampler["order"]), sampler["pos"]

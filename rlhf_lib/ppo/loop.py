@@ -23,6 +23,7 @@ from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
 from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
+from rlhf_lib.ppo.heldout import consider, heldout_stats
 from rlhf_lib.ppo.metrics import sample_rows
 from rlhf_lib.ppo.rollout import decode_responses
 from rlhf_lib.ppo.trainer import PPOTrainer
@@ -70,24 +71,26 @@ def run_iteration(trainer: PPOTrainer, call: Call = direct) -> tuple[Rollout, di
 
 
 def ppo_loop(trainer: PPOTrainer, sink: Sink | None, iterations: int, checkpoints: Path, judge: Judge | None = None,
-             call: Call = direct) -> None:
+             call: Call = direct, heldout: Sequence[str] = ()) -> None:
     """Iterations from `trainer.iteration` (a resumed trainer continues where its checkpoint left off) to
     `iterations`. Each reports its metrics, samples and alarms to `sink`, and checkpoints are saved under
     `checkpoints` and announced to it. The gold judge (demo task only) scores the samples for monitoring, never
     the policy's reward. `sink` is None on the processes of a launched group other than the main one: they follow
-    the main process's decision to stop."""
+    the main process's decision to stop. `heldout`: the prompts of the evaluation during PPO (`ppo.eval_every`)."""
     monitor, raised = AlarmMonitor(trainer.cfg), set()
     for it in range(trainer.iteration, iterations):
         ro, stats = run_iteration(trainer, call)
-        stopping = _report(trainer, sink, monitor, raised, it, ro, stats, judge, iterations, checkpoints) if sink \
-            else False
+        stopping = (_report(trainer, sink, monitor, raised, it, ro, stats, judge, iterations, checkpoints, heldout)
+                    if sink else False)
         if trainer.group.broadcast(stopping):
             return
 
 
 def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[str], it: int, ro: Rollout,
-            stats: dict[str, float], judge: Judge | None, iterations: int, checkpoints: Path) -> bool:
-    """Report one iteration (samples, metrics, alarms, checkpoint); return whether the loop stops on an alarm."""
+            stats: dict[str, float], judge: Judge | None, iterations: int, checkpoints: Path,
+            heldout: Sequence[str] = ()) -> bool:
+    """Report one iteration (samples, metrics, held-out evaluation, alarms, checkpoint); return whether the loop
+    stops on an alarm."""
     c, tokenizer = trainer.cfg, trainer.models.tokenizer
     if judge is not None:
         gold = [judge(p, t) for p, t in zip(ro.prompts, decode_responses(tokenizer, ro.response, ro.response_mask))]
@@ -99,6 +102,11 @@ def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[
                 r["gold"] = g
         sink.emit(Table(rows, f"samples/iter_{it:04d}.json"))
     sink.emit(Metrics(stats, it))
+    if heldout and c.eval_every and ((it + 1) % c.eval_every == 0 or it == iterations - 1):
+        held = heldout_stats(trainer, heldout, judge)
+        sink.emit(Metrics(held, it))
+        if c.keep == "best":
+            trainer.best = consider(trainer.best, trainer, held, it, judge is not None)
     alarms = monitor.check(it, stats)
     for alarm in alarms:
         sink.emit(Notice(f"PPO alarm {alarm.name} at {alarm}"))
@@ -119,7 +127,8 @@ def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[
 class PPOJob:
     """Everything a PPO run needs, JSON-able (it is the job file of a launched run): the config, the saved SFT and
     reward models, the training prompts and demonstrations (PPO-ptx), whether the demo task's gold judge monitors
-    the samples, where the final policy goes, and the checkpoints to resume from (newest first)."""
+    the samples, where the final policy goes, the checkpoints to resume from (newest first) and the held-out prompts
+    of the evaluation during PPO."""
 
     config: dict[str, Any]
     sft_dir: str
@@ -129,6 +138,7 @@ class PPOJob:
     ptx: list[tuple[str, str]] = field(default_factory=list)
     judge: bool = False
     resume: list[str] = field(default_factory=list)
+    eval_prompts: list[str] = field(default_factory=list)  # the held-out prompts of ppo.eval_every
 
     @classmethod
     def from_dict(cls, job: dict[str, Any]) -> PPOJob:
@@ -194,13 +204,30 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
         if sink is not None:
             sink.emit(Resumed(ckpt.name if ckpt else None, trainer.iteration))
         trainer.sync_engine()
+    heldout = job.eval_prompts[: cfg.ppo.eval_prompts] if cfg.ppo.eval_every else []
     try:
-        ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold_score if job.judge else None, call)
+        ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold_score if job.judge else None, call,
+                 heldout)
     finally:
         if trainer.engine is not None:
             trainer.engine.close()
     if trainer.group.is_main:
-        save_model(trainer.export_policy(), trainer.models.tokenizer, Path(job.out_dir))
+        save_model(kept_policy(trainer, sink), trainer.models.tokenizer, Path(job.out_dir))
+
+
+def kept_policy(trainer: PPOTrainer, sink: Sink | None):
+    """The policy to save: the final one, or with `ppo.keep: best` the best evaluated one (its weights loaded into
+    the exported model), announced to `sink` as the `rlhf.kept` tag."""
+    policy = trainer.export_policy()
+    best = trainer.best
+    if trainer.cfg.keep != "best" or best is None:
+        if sink is not None and trainer.cfg.keep == "best":
+            sink.emit(Tags({"rlhf.kept": "final: no held-out evaluation ran"}))
+        return policy
+    policy.load_state_dict(best.state)
+    if sink is not None:
+        sink.emit(Tags({"rlhf.kept": f"best: {best.describe()}, of {trainer.iteration} iterations"}))
+    return policy
 
 
 def launched(job: dict[str, Any], workdir: Path, sink: Sink) -> None:

@@ -21,6 +21,7 @@ from rlhf_lib.devices import autocast
 from rlhf_lib.models import fit_length, freeze, set_checkpointing
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
+from rlhf_lib.ppo.heldout import BestPolicy
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
 from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
 from rlhf_lib.ppo.masked import masked_whiten
@@ -101,6 +102,7 @@ class PPOTrainer:
         self.ptx = (PtxSampler(ptx_examples, models.tokenizer, fit_length(ptx_max_length, models.policy),
                                cfg.ptx_batch_size, self.generator, self.device) if cfg.ptx_coef > 0 else None)
         self.iteration = self.refused_streak = 0
+        self.best: BestPolicy | None = None  # ppo.keep=best: the best held-out evaluation so far
         # vLLM (GPU only) fails here, at stage start, on a machine without one.
         self.engine = rollout_engine(cfg, self.export_policy(), models.tokenizer)
 
@@ -258,13 +260,17 @@ class PPOTrainer:
 
     def extra_state(self) -> dict[str, Any]:
         """The trainer's running state besides weights, optimizer, KL controller, sampler and RNGs (checkpoints)."""
+        best = self.best and {"iteration": self.best.iteration, "metric": self.best.metric, "value": self.best.value}
         return {"rm_offset": self.rm_offset,
-                "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None}
+                "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None, "best": best}
 
-    def load_extra_state(self, state: dict[str, Any]) -> None:
+    def load_extra_state(self, state: dict[str, Any], best_state: dict[str, torch.Tensor] | None = None) -> None:
+        """Restore `extra_state`; `best_state` holds the best policy's weights when a best was recorded."""
         self._set_rm_offset(state["rm_offset"])
         if self.reward_moments is not None:
             self.reward_moments.load_state_dict(state["reward_moments"])
+        best = state.get("best")
+        self.best = BestPolicy(**best, state=best_state or {}) if best else None
 
     def _guard(self, refused_steps: float) -> None:
         """Count iterations whose every update step was refused as non-finite; fail after too many in a row, so a

@@ -1,12 +1,16 @@
 """RLHF learns, end to end: on the micro preset plus the overrides in `LEARN`, the PPO policy scores higher than
-the SFT model under the hidden gold judge on held-out prompts. Behaviour only: seeded, no wall-time bound.
+the SFT model under the hidden gold judge on held-out prompts, on two seeds. Behaviour only: seeded, no wall-time
+bound.
 
 The micro preset itself cannot learn; it checks wiring. Its 1-layer, 32-wide model after 3 SFT steps never emits
 EOS, its 12-token responses are always cut, and a reward model of that size orders only ~0.6 of held-out pairs: with
 longer SFT, RM and PPO runs but micro's model, PPO hacks the proxy (measured: RM win rate 1.0, gold -1.06 vs -0.81
 for SFT). The overrides give SFT enough steps to write whole answers that end, a 2-layer, 64-wide model, 4x the
-ranked lists, and a KL penalty that keeps PPO near what the reward model knows. Measured with these overrides (seed
-0): gold -0.10 vs -0.46 (SFT), win rate 0.80, RM accuracy 0.62, KL 5.9 nats.
+ranked lists, and a KL penalty that keeps PPO near what the reward model knows.
+
+The margins come from the measured spread (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`): win rate 0.828,
+0.906, 0.828 (mean 0.854, sd 0.045); gold gain over SFT 0.45, 0.75, 0.66 (mean 0.62, sd 0.15). Each seed must clear
+the mean minus three standard deviations: win rate > 0.7, gold gain > 0.15.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ LEARN = [
 ]
 
 
-def test_ppo_beats_sft_under_the_gold_judge(home):
+def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
     from flows.pipeline import rlhf
+    from flows.seeds import run_seeds
 
-    out = rlhf(config=load_config("micro", None, LEARN), pipeline="full")
-    ev = out["eval"]
-    assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.2, ev
-    assert ev["win_rate_vs_sft"] > 0.6, ev
+    result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
+    for seed, summary in result["seeds"].items():
+        ev = summary["eval"]
+        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.15, (seed, ev)
+        assert ev["win_rate_vs_sft"] > 0.7, (seed, ev)

@@ -141,3 +141,27 @@ def test_nothing_left_to_train_on_is_an_error(tmp_path):
     cfg = DataConfig(preferences=str(prefs), eval_preferences=str(prefs))
     with pytest.raises(DataError, match="no sft rows left after holding out"):
         build_user_task(cfg, Renderer())
+
+
+def test_a_category_column_rides_along_to_the_held_out_pairs(tmp_path):
+    from rlhf_lib.data import read_pairs, write_jsonl
+
+    rows = [hh(i) | {"cat": "chat" if i % 2 else "safety"} for i in range(10)]
+    prefs = jsonl(tmp_path / "p.jsonl", rows)
+    cfg = DataConfig(preferences=str(prefs), eval_fraction=0.4, preferences_columns={"category": "cat"})
+    task = build_user_task(cfg, Renderer())
+    pairs = task.records["eval_pairs"]
+    assert {p.category for p in pairs} <= {"chat", "safety"} and all(p.category for p in pairs)
+    back = read_pairs(write_jsonl(tmp_path / "pairs.jsonl", pairs)).rows
+    assert back == pairs  # written and read back with the category
+    # Without the column nothing changes: the files carry no category key at all.
+    plain = build_user_task(DataConfig(preferences=str(jsonl(tmp_path / "q.jsonl", [hh(i) for i in range(10)]))),
+                            Renderer())
+    write_jsonl(tmp_path / "plain.jsonl", plain.records["eval_pairs"])
+    assert all("category" not in json.loads(line) for line in (tmp_path / "plain.jsonl").read_text().splitlines())
+
+
+def test_a_category_that_is_not_text_names_the_field(tmp_path):
+    prefs = jsonl(tmp_path / "p.jsonl", [hh(1) | {"category": ["a"]}])
+    with pytest.raises(DataError, match="field 'category': expected a string, got list"):
+        read_source("preferences", Source(str(prefs)), "auto", {}, Renderer(), "error", 20000)

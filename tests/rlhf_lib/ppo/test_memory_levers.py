@@ -3,19 +3,17 @@ gradients), token-budget micro-batches, gradient checkpointing."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.models import build_policy, build_scalar_model
+from rlhf_lib.models import build_policy
 from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.scoring import response_logprobs
-from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
+from rlhf_lib.ppo.trainer import PPOTrainer
 from rlhf_lib.ppo.update import token_budget_split
+from tests.rlhf_lib.ppo.tiny import tiny_trainer
 
-PROMPTS = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(8)]
 CFG = PPOConfig(iterations=2, batch_size=8, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3, ent_coef=0.01)
 
 
@@ -80,13 +78,7 @@ def test_token_budget_split_packs_sorted_rows_under_the_budget():
 
 
 def _trainer(tokenizer, cfg: PPOConfig) -> PPOTrainer:
-    policy = build_policy(tokenizer, n_layer=1, n_head=2, n_embd=32, n_positions=64, seed=0)
-    torch.manual_seed(0)
-    rm = build_scalar_model(policy, seed=1)
-    torch.nn.init.normal_(rm.score.weight, std=0.5)
-    models = PPOModels(policy=policy, ref=copy.deepcopy(policy), reward=rm, value=copy.deepcopy(rm),
-                       tokenizer=tokenizer)
-    return PPOTrainer(models, PROMPTS, cfg, max_prompt_tokens=32)
+    return tiny_trainer(tokenizer, cfg)
 
 
 def _run(tokenizer, **update) -> list[dict[str, float]]:

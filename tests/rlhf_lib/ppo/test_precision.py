@@ -15,17 +15,14 @@ from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
 from rlhf_lib.models import build_policy, build_scalar_model
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
+from tests.rlhf_lib.ppo.tiny import tiny_models
 
 PROMPTS = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(8)]
 CFG = PPOConfig(iterations=2, batch_size=8, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3)
 
 
 def _models(tokenizer, policy) -> PPOModels:
-    torch.manual_seed(0)
-    rm = build_scalar_model(policy, seed=1)
-    torch.nn.init.normal_(rm.score.weight, std=0.5)
-    return PPOModels(policy=policy, ref=copy.deepcopy(policy), reward=rm, value=copy.deepcopy(rm),
-                     tokenizer=tokenizer)
+    return tiny_models(tokenizer, policy)
 
 
 def _dtypes(model: torch.nn.Module) -> set[torch.dtype]:

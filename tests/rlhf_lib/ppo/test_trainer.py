@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
@@ -22,14 +23,19 @@ def _trainer(policy, cfg=CFG):
     return models
 
 
-def _make(tiny_tokenizer, tiny_policy, cfg=CFG):
+def _make(tiny_tokenizer, tiny_policy, cfg=CFG, precision="no"):
     m = _trainer(tiny_policy, cfg)
     m.tokenizer = tiny_tokenizer
-    return PPOTrainer(m, PROMPTS, cfg, max_prompt_tokens=32)
+    return PPOTrainer(m, PROMPTS, cfg, max_prompt_tokens=32, mixed_precision=precision)
 
 
-def test_one_iteration_fills_the_rollout_and_logs_finite_metrics(tiny_tokenizer, tiny_policy):
-    trainer = _make(tiny_tokenizer, tiny_policy)
+# The trainer's behaviour in float32 and under bf16 autocast (`resources.mixed_precision`).
+PRECISIONS = pytest.mark.parametrize("precision", ["no", "bf16"])
+
+
+@PRECISIONS
+def test_one_iteration_fills_the_rollout_and_logs_finite_metrics(tiny_tokenizer, tiny_policy, precision):
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG, precision)
     ro, stats = trainer.step()
     for name in ("ref_logprobs", "values", "scores", "rewards", "advantages", "returns"):
         assert getattr(ro, name) is not None
@@ -39,8 +45,9 @@ def test_one_iteration_fills_the_rollout_and_logs_finite_metrics(tiny_tokenizer,
     assert 0 <= stats["policy/clipfrac"] <= 1
 
 
-def test_policy_and_value_move_reference_and_reward_do_not(tiny_tokenizer, tiny_policy):
-    trainer = _make(tiny_tokenizer, tiny_policy)
+@PRECISIONS
+def test_policy_and_value_move_reference_and_reward_do_not(tiny_tokenizer, tiny_policy, precision):
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG, precision)
     before = {k: copy.deepcopy(getattr(trainer.models, k).state_dict()) for k in ("policy", "ref", "reward", "value")}
     trainer.step()
     changed = {k: any(not torch.equal(v, getattr(trainer.models, k).state_dict()[n]) for n, v in before[k].items())
@@ -83,10 +90,10 @@ def test_prompt_sampler_covers_every_prompt_each_pass():
     assert sorted(first) == sorted(second) == ["a", "b", "c"]
 
 
-def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_tokenizer, tiny_policy):
-    import pytest
-
-    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}))
+@PRECISIONS
+def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_tokenizer, tiny_policy, precision):
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}),
+                    precision=precision)
     before = copy.deepcopy(trainer.models.policy.state_dict())
     real_score = trainer.score
 
@@ -103,17 +110,21 @@ def test_nan_reward_refuses_the_update_and_repeated_nans_stop_the_run(tiny_token
         trainer.step()
 
 
-def test_one_good_iteration_resets_the_refusal_count(tiny_tokenizer, tiny_policy):
-    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}))
+@PRECISIONS
+def test_one_good_iteration_resets_the_refusal_count(tiny_tokenizer, tiny_policy, precision):
+    trainer = _make(tiny_tokenizer, tiny_policy, CFG.model_copy(update={"max_refused_iterations": 2}),
+                    precision=precision)
     trainer._guard(CFG.epochs * CFG.minibatches)
     trainer._guard(0)
     trainer._guard(CFG.epochs * CFG.minibatches)  # 1 in a row again: no error
     assert trainer.refused_streak == 1
 
 
-def test_rm_offset_centres_sft_scores_and_shifts_a_value_model_copied_from_the_rm(tiny_tokenizer, tiny_policy):
+@PRECISIONS
+def test_rm_offset_centres_sft_scores_and_shifts_a_value_model_copied_from_the_rm(tiny_tokenizer, tiny_policy,
+                                                                                   precision):
     cfg = CFG.model_copy(update={"rm_offset_samples": 64, "batch_size": 64, "minibatches": 4})
-    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg, precision=precision)
     ro = trainer.rollout()
     trainer.score(ro)
     trainer.advantages(ro)
@@ -146,9 +157,10 @@ def test_scoring_in_row_chunks_gives_the_one_pass_results(tiny_tokenizer, tiny_p
             assert out[3][1] is None and out[8][1] is None
 
 
-def test_critic_free_rollouts_repeat_each_prompt_group_size_times(tiny_tokenizer, tiny_policy):
+@PRECISIONS
+def test_critic_free_rollouts_repeat_each_prompt_group_size_times(tiny_tokenizer, tiny_policy, precision):
     cfg = CFG.model_copy(update={"advantage_estimator": "grpo", "group_size": 4, "rm_offset_samples": 0})
-    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg, precision=precision)
     assert trainer.critic.kind == "none" and len(trainer.optimizer.param_groups) == 1
     ro, stats = trainer.step()
     assert ro.prompts[:4] == [ro.prompts[0]] * 4 and ro.prompts[4:] == [ro.prompts[4]] * 4
