@@ -52,22 +52,32 @@ def ranked_pairs(list_sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def bradley_terry_loss(
-    scores: torch.Tensor, better: torch.Tensor, worse: torch.Tensor, list_of_pair: torch.Tensor
+    scores: torch.Tensor, better: torch.Tensor, worse: torch.Tensor, list_of_pair: torch.Tensor,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-log sigmoid(r_better - r_worse), averaged within each list and then over lists (each prompt weighs the
-    same whatever its K, as in InstructGPT's 1/C(K,2) normalisation).
+    same whatever its K, as in InstructGPT's 1/C(K,2) normalisation). With `weights`, the mean within a list is
+    weighted: sum_p w_p l_p / sum_p w_p.
 
-    Shapes: scores (N,), better/worse/list_of_pair (N_pairs,).
+    Shapes: scores (N,), better/worse/list_of_pair/weights (N_pairs,).
     """
     margin = scores[better] - scores[worse]
     per_pair = -F.logsigmoid(margin)
+    w = torch.ones_like(per_pair) if weights is None else weights.to(per_pair.dtype)
     n_lists = int(list_of_pair.max()) + 1
     zeros = torch.zeros(n_lists, dtype=scores.dtype, device=scores.device)
-    per_list = zeros.index_add(0, list_of_pair, per_pair)
-    counts = zeros.index_add(0, list_of_pair, torch.ones_like(per_pair))
+    per_list = zeros.index_add(0, list_of_pair, w * per_pair)
+    counts = zeros.index_add(0, list_of_pair, w)
     loss = (per_list / counts).mean()
     return loss, {"loss": float(loss.detach()), "accuracy": float((margin > 0).float().mean()),
                   "margin": float(margin.detach().mean())}
+
+
+def pair_weights(better: torch.Tensor, worse: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """Per-pair loss weights: None (uniform) or the rank distance worse - better (flat indices of one list are
+    its ranks): a noisy labeller swaps neighbours far more often than responses ranked far apart, so the far pairs
+    are the surer labels. Shape: (N_pairs,)."""
+    return (worse - better).float() if kind == "rank_distance" else None
 
 
 def _encode(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: int):
@@ -116,7 +126,9 @@ def train_reward_model(
         mb, real = shard(batch, group.rank, group.world)
         ids, mask = _encode(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
         scores = training_scores(model, ids.to(group.device), mask.to(group.device))
-        loss, stats = bradley_terry_loss(scores, *_pair_index(mb, group.device))
+        better, worse, list_of_pair = _pair_index(mb, group.device)
+        loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair,
+                                         pair_weights(better, worse, cfg.pair_weight))
         loss, _ = global_share(group, loss, float(len(mb)) if real else 0.0, scores)
         loss_value, grad_norm = run.step(loss, sched, 1.0, "reward-model", step)
         n_pairs = sum(len(e.responses) * (len(e.responses) - 1) // 2 for e in mb) if real else 0

@@ -24,6 +24,11 @@ class DataConfig(Section):
     sft_per_prompt: int = Field(2, ge=1, description="SFT demonstrations per training prompt.")
     ranked_per_prompt: int = Field(1, ge=1, description="Ranked lists per training prompt for the reward model.")
     responses_per_list: int = Field(4, ge=2, description="K: responses per ranked list (K(K-1)/2 pairs each).")
+    topic_twins: int = Field(
+        0, ge=0, description="Minimal pairs per ranked list: a response and its twin with the topic keyword swapped "
+        "(on <-> off the prompt's topic), ranked like the others, so the prompt-topic match shows as a contrast. "
+        "At most responses_per_list / 2.",
+    )
     rank_noise: float = Field(
         0.5, ge=0.0, description="Bradley-Terry noise of the labeller: Gumbel scale added to the gold score "
         "before ranking (0 = the gold order exactly).",
@@ -75,6 +80,13 @@ class DataConfig(Section):
         if extra and not self.preferences:
             raise ValueError(f"data.{extra[0]} needs data.preferences: the reward model trains on preference data "
                              "(null preferences = the demo task)")
+        return self
+
+    @model_validator(mode="after")
+    def _twins_fit_the_list(self) -> "DataConfig":
+        if 2 * self.topic_twins > self.responses_per_list:
+            raise ValueError(f"data.topic_twins ({self.topic_twins}) needs 2 x topic_twins <= "
+                             f"data.responses_per_list ({self.responses_per_list}): a twin pair takes two places")
         return self
 
     @model_validator(mode="after")

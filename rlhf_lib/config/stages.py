@@ -36,6 +36,9 @@ class RewardConfig(Section):
     batch_size: int = Field(16, ge=1, description="Ranked lists per optimizer step (all K(K-1)/2 pairs of each).")
     lr: float = Field(5e-4, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    pair_weight: Literal["uniform", "rank_distance"] = Field(
+        "uniform", description="Weight of each pair in its list's loss: uniform (InstructGPT) or rank_distance "
+        "(pairs ranked further apart, the surer labels of a noisy labeller, weigh more).")
     max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
     init_from_sft: bool = Field(True, description="Start the reward model's backbone from the SFT model (unless "
                                 "reward.name_or_path is set).")

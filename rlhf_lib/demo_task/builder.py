@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -15,8 +16,8 @@ from typing import Any
 from ..config import DataConfig
 from ..data.records import read_pairs, read_ranked, read_sft, write_jsonl
 from .judge import gold_score
-from .responses import BROAD_MIX, SFT_MIX, sample_response
-from .slots import held_out_combos, parse_topic, prompts_for, train_combos
+from .responses import BROAD_MIX, SFT_MIX, ResponseSpec, sample_response
+from .slots import TOPIC_NAMES, held_out_combos, parse_topic, prompts_for, train_combos
 
 EVAL_PAIR_MARGIN = 0.5  # gold(chosen) - gold(rejected) of held-out pairs: clear preferences, not coin flips
 _MAX_DRAWS = 10_000  # resampling guard; the response space is far larger than any list, so it is never reached
@@ -56,13 +57,26 @@ def _topic(prompt: str) -> str:
     return topic
 
 
-def ranked_list(rng: random.Random, prompt: str, k: int, noise: float) -> dict[str, Any]:
+def topic_twin(rng: random.Random, spec: ResponseSpec, text: str, prompt_topic: str) -> str:
+    """`text` about another topic: its topic keyword swapped everywhere (intro and facts alike), all else the same.
+
+    An on-topic response becomes off-topic (a random other topic), an off-topic one on-topic, so the two differ
+    only in whether the response's keyword is the prompt's. A text cut before its keyword comes back unchanged.
+    """
+    other = rng.choice([t for t in TOPIC_NAMES if t != prompt_topic]) if spec.on_topic else prompt_topic
+    return re.sub(rf"\b{spec.topic}\b", other, text)
+
+
+def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: int = 0) -> dict[str, Any]:
     """K distinct responses in generation order, ranked best first by gold score + `noise` x Gumbel.
 
+    The first 2 x `twins` responses are minimal pairs, a response then its `topic_twin`; the rest are drawn alone.
     Sorting Gumbel-perturbed scores samples a Plackett-Luce ranking with weights exp(gold / noise); each pair's
     marginal is Bradley-Terry, P(i above j) = sigmoid((gold_i - gold_j) / noise). noise = 0 gives the gold order
     (ties broken by position).
     """
+    if 2 * twins > k:
+        raise ValueError(f"{twins} topic twins (2 responses each) do not fit in a list of {k}")
     topic = _topic(prompt)
     responses: list[str] = []
     draws = 0
@@ -70,9 +84,11 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float) -> dict[s
         draws += 1
         if draws > _MAX_DRAWS:
             raise RuntimeError(f"could not draw {k} distinct responses")
-        _, text = sample_response(rng, BROAD_MIX, topic)
-        if text not in responses:  # identical responses would be ties the labeller cannot order
-            responses.append(text)
+        spec, text = sample_response(rng, BROAD_MIX, topic)
+        new = [text, topic_twin(rng, spec, text, topic)] if len(responses) < 2 * twins else [text]
+        # Identical responses would be ties the labeller cannot order (and a text without its keyword has no twin).
+        if len(set(new)) == len(new) and not set(new) & set(responses):
+            responses.extend(new)
     noisy = [gold_score(prompt, r) + (noise * _gumbel(rng) if noise > 0 else 0.0) for r in responses]
     ranking = sorted(range(k), key=lambda i: (-noisy[i], i))
     return {"prompt": prompt, "responses": responses, "ranking": ranking}
@@ -106,7 +122,9 @@ def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
     ]
     rng = _rng(seed, "preferences")
     prefs = [
-        ranked_list(rng, p, cfg.responses_per_list, cfg.rank_noise) for p in train for _ in range(cfg.ranked_per_prompt)
+        ranked_list(rng, p, cfg.responses_per_list, cfg.rank_noise, cfg.topic_twins)
+        for p in train
+        for _ in range(cfg.ranked_per_prompt)
     ]
     rng = _rng(seed, "eval_pairs")
     pairs = [eval_pair(rng, p) for p in evals for _ in range(cfg.eval_pairs_per_prompt)]

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from rlhf_lib.reward import bradley_terry_loss, ranked_pairs
+from rlhf_lib.reward import bradley_terry_loss, pair_weights, ranked_pairs
 
 
 def test_ranked_pairs_cover_every_pair_best_first():
@@ -35,6 +35,19 @@ def test_each_list_weighs_the_same():
     loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair)
     assert math.isclose(float(loss), (math.log(2) + math.log1p(math.exp(-1))) / 2, rel_tol=1e-6)
     assert stats["accuracy"] == 0.25
+
+
+def test_rank_distance_weights():
+    # One list of 3 scored [0, 0, 2] best first: margins 0, -2, -2 (losses log 2, sp(-2), sp(-2)) at rank
+    # distances 1, 2, 1. Weighted: (1 log 2 + 2 sp(-2) + 1 sp(-2)) / 4 = (0.69315 + 3 x 2.12693) / 4 = 1.76848.
+    scores = torch.tensor([0.0, 0.0, 2.0])
+    better, worse = ranked_pairs([3])
+    weights = pair_weights(better, worse, "rank_distance")
+    assert weights.tolist() == [1.0, 2.0, 1.0]
+    assert pair_weights(better, worse, "uniform") is None
+    loss, _ = bradley_terry_loss(scores, better, worse, torch.zeros(3, dtype=torch.long), weights)
+    sp = lambda x: math.log1p(math.exp(-x))  # noqa: E731  -log sigmoid(x)
+    assert math.isclose(float(loss), (sp(0) + 3 * sp(-2)) / 4, rel_tol=1e-6)
 
 
 def test_training_scores_equal_sequence_scores_on_right_padded_rows(tiny_tokenizer, tiny_policy):

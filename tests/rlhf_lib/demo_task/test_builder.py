@@ -11,16 +11,24 @@ from pathlib import Path
 import pytest
 
 from rlhf_lib.config import DataConfig
-from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft
+from rlhf_lib.data import (
+    file_fingerprint,
+    read_pairs,
+    read_prompts,
+    read_ranked,
+    read_sft,
+)
 from rlhf_lib.demo_task import (
     EVAL_PAIR_MARGIN,
     build_demo_task,
+    gold_breakdown,
     gold_score,
     held_out_combos,
     prompt_slots,
     summarize,
     train_combos,
 )
+from rlhf_lib.demo_task.slots import words
 
 SMALL = dict(n_train_prompts=40, n_eval_prompts=12, sft_per_prompt=2, ranked_per_prompt=2, responses_per_list=4,
              eval_pairs_per_prompt=2)
@@ -140,3 +148,33 @@ def test_row_formats(built: dict[str, Path]) -> None:
     assert set(lines(built["preferences"])[0]) == {"prompt", "responses", "ranking"}
     assert set(lines(built["prompts_eval"])[0]) == {"prompt"}
     assert set(lines(built["eval_pairs"])[0]) == {"prompt", "chosen", "rejected"}
+
+
+
+
+def test_topic_twins_are_minimal_pairs(tmp_path: Path) -> None:
+    # topic_twins=2, K=4: responses (0, 1) and (2, 3) are the same text but for the topic keyword, one on the
+    # prompt's topic and one off it, so they differ in the judge's topic term (+0.75 vs -0.75) and in the detail of
+    # on-topic facts, in nothing else.
+    for row in lines(build(tmp_path, "t", topic_twins=2)["preferences"]):
+        r = row["responses"]
+        assert len(set(r)) == 4 and sorted(row["ranking"]) == [0, 1, 2, 3]
+        for a, b in ((0, 1), (2, 3)):
+            wa, wb = words(r[a]), words(r[b])
+            assert len(wa) == len(wb) and len({(x, y) for x, y in zip(wa, wb) if x != y}) == 1  # one keyword swapped
+            ga, gb = gold_breakdown(row["prompt"], r[a]), gold_breakdown(row["prompt"], r[b])
+            assert {ga["topic"], gb["topic"]} == {0.75, -0.75}
+            assert {k for k in ga if ga[k] != gb[k]} <= {"topic", "detail"}
+
+
+def test_topic_twins_are_ranked_like_the_others(tmp_path: Path) -> None:
+    # Noise-free, the on-topic twin always ranks above its off-topic twin; with noise the labels stay mostly right.
+    for row in lines(build(tmp_path, "u", topic_twins=1, rank_noise=0.0)["preferences"]):
+        on = 0 if gold_breakdown(row["prompt"], row["responses"][0])["topic"] > 0 else 1
+        assert row["ranking"].index(on) < row["ranking"].index(1 - on)
+    assert 0.8 < summarize(build(tmp_path, "v", topic_twins=2))["label_agreement"] < 1.0
+
+
+def test_topic_twins_must_fit_the_list() -> None:
+    with pytest.raises(ValueError, match="topic_twins"):
+        DataConfig(responses_per_list=3, topic_twins=2)
