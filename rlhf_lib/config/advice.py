@@ -58,6 +58,10 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
         out.append(f"model.n_positions={cfg.model.n_positions} cuts every prompt + response of {policy} to that "
                    f"many tokens (the tiny model's context); the N+ details use a 512-token query and a 638-token "
                    f"query + response: {PRESETS_HINT}")
+    if policy and cfg.ppo.logprob_chunk is None:
+        out.append(f"ppo.logprob_chunk=null projects every response position of {policy} to its whole vocabulary at "
+                   "once (a (rows, response, vocabulary) float32 block, kept for the backward pass): set "
+                   f"ppo.logprob_chunk=64, or {PRESETS_HINT}")
     for key in ("sft.max_length", "reward.max_length"):
         loaded = reward if key.startswith("reward.") else policy
         if loaded and _get(cfg, key) < MIN_LENGTH:

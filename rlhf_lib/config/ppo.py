@@ -80,10 +80,11 @@ class PPOConfig(Section):
                                         "approximate KL(old || new) exceeds this; null = never.")
     gradient_checkpointing: bool = Field(False, description="Recompute the policy's and the value model's "
                                          "activations in the backward pass: less memory, one more forward per step.")
-    logprob_chunk: int | None = Field(64, ge=1, description="Response positions whose logits (B x chunk x "
+    logprob_chunk: int | None = Field(None, ge=1, description="Response positions whose logits (B x chunk x "
                                       "vocabulary, float32) exist at once when log-probs and entropy are computed; "
-                                      "in training each chunk's logits are recomputed in the backward pass. Null = "
-                                      "the whole response at once. The same results at any size.")
+                                      "in training each chunk's logits are recomputed in the backward pass (the "
+                                      "pretrained presets use 64). Null = the whole response at once, through the "
+                                      "model's own forward. The same results up to float rounding.")
     micro_batch_tokens: int | None = Field(None, ge=1, description="Token budget of an update micro-batch (rows x "
                                            "padded length): rows are sorted by length and packed up to it, so short "
                                            "rows share a micro-batch; the same gradient. Null = "

@@ -24,7 +24,7 @@ def test_each_tiny_default_is_named_with_its_value_and_a_literature_value():
     msgs = tiny_defaults(_cfg(model={"name_or_path": "gpt2"}))
     # The defaults: sft.lr 1e-3, reward.lr 5e-4, ppo.lr 3e-4, n_positions 128, max_length 96 (SFT and RM).
     assert [m.split("=")[0] for m in msgs] == ["sft.lr", "reward.lr", "ppo.lr", "model.n_positions",
-                                               "sft.max_length", "reward.max_length"]
+                                               "ppo.logprob_chunk", "sft.max_length", "reward.max_length"]
     assert msgs[0].startswith("sft.lr=0.001 ") and "2e-5" in msgs[0] and "gpt2" in msgs[0]
     assert msgs[2].startswith("ppo.lr=0.0003 ") and "3e-6" in msgs[2]
     assert msgs[3].startswith("model.n_positions=128 ")
@@ -33,13 +33,13 @@ def test_each_tiny_default_is_named_with_its_value_and_a_literature_value():
 
 def test_literature_sized_keys_pass():
     cfg = _cfg(model={"name_or_path": "gpt2", "n_positions": 640}, sft={"lr": 2e-5, "max_length": 640},
-               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 3e-6, "value_lr": 9e-6})
+               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 3e-6, "value_lr": 9e-6, "logprob_chunk": 64})
     assert tiny_defaults(cfg) == []
 
 
 def test_a_large_critic_rate_is_named():
     cfg = _cfg(model={"name_or_path": "gpt2", "n_positions": 640}, sft={"lr": 2e-5, "max_length": 640},
-               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 3e-6, "value_lr": 3e-4})
+               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 3e-6, "value_lr": 3e-4, "logprob_chunk": 64})
     (msg,) = tiny_defaults(cfg)
     assert msg.startswith("ppo.value_lr=0.0003 ") and "9e-6" in msg
 
@@ -53,7 +53,7 @@ def test_reward_keys_follow_the_reward_base_model():
 
 def test_lora_ppo_rates_are_not_judged():
     cfg = _cfg(model={"name_or_path": "gpt2", "n_positions": 640}, sft={"lr": 2e-5, "max_length": 640},
-               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 1e-4, "lora": True})
+               reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 1e-4, "lora": True, "logprob_chunk": 64})
     assert tiny_defaults(cfg) == []
 
 
@@ -69,4 +69,4 @@ def test_load_config_warns_once_per_key():
         load_config("demo", None, ["model.name_or_path=gpt2"])
     texts = [str(w.message) for w in got if w.category is TinyDefaultsWarning]
     # The demo preset's own reward.lr (1e-3) is named, not the schema default.
-    assert any(t.startswith("reward.lr=0.001 ") for t in texts) and len(texts) == 6
+    assert any(t.startswith("reward.lr=0.001 ") for t in texts) and len(texts) == 7
