@@ -34,7 +34,10 @@ BASE = {"iterations": 1, "rm_offset_samples": 4}
 # Options that are off by default and take a value to be on.
 ON = {"missing_eos_penalty": 1.0, "reward_clip": 1.0, "value_lr": 1e-4, "early_stop_kl": 1e-3, "critic_warmup": 1,
       "gradient_accumulation_steps": 2, "ent_coef": 0.01, "ptx_coef": 0.1, "rm_offset_samples": 0,
-      "lora_target_modules": ["c_attn", "c_proj"], "value_init": "sft"}
+      "lora_target_modules": ["c_attn", "c_proj"], "value_init": "sft", "logprob_chunk": 4,
+      "micro_batch_tokens": 64, "eval_every": 1}
+# Values that need another key set to mean anything (refused without it, naming both).
+NEEDS = {("keep", "best"): {"eval_every": 1}}
 
 
 def _enumerated() -> list[dict[str, Any]]:
@@ -45,7 +48,7 @@ def _enumerated() -> list[dict[str, Any]]:
         if typing.get_origin(ann) is typing.Annotated:
             ann = typing.get_args(ann)[0]
         if typing.get_origin(ann) is Literal:
-            cases += [{name: v} for v in typing.get_args(ann)]
+            cases += [{name: v, **NEEDS.get((name, v), {})} for v in typing.get_args(ann)]
         elif ann is bool:
             cases.append({name: not field.default})
     return cases + [{k: v} for k, v in ON.items()]
