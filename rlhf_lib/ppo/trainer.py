@@ -33,7 +33,8 @@ from rlhf_lib.ppo.scoring import response_logprobs
 from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts, shape_scores, truncate_after_eos
 from rlhf_lib.ppo.sharding import check_sizes, gather_rollout, local_rows, prepare_models, row_shard
 from rlhf_lib.ppo.types import PPOModels, Rollout
-from rlhf_lib.ppo.update import PtxSampler, ppo_epochs
+from rlhf_lib.ppo.ptx import PtxSampler
+from rlhf_lib.ppo.update import ppo_epochs
 from rlhf_lib.ppo.vllm_engine import rollout_engine
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them

@@ -26,7 +26,7 @@ def test_every_project_module_the_stage_loads_is_in_its_key(stage):
 
 
 def test_imports_inside_functions_count():
-    # update.ptx_loss imports rlhf_lib.sft inside the function; rlhf_lib.sft imports rlhf_lib.ppo.scoring.
+    # ptx.ptx_loss imports rlhf_lib.sft inside the function; rlhf_lib.sft imports rlhf_lib.ppo.scoring.
     assert "rlhf_lib.sft" in dependencies("stages.ppo")
     assert "rlhf_lib.ppo.scoring" in dependencies("stages.sft")
     assert {"rlhf_lib.ppo.scoring", "rlhf_lib.ppo.trainer"} & dependencies("stages.data") == set()
