@@ -21,17 +21,24 @@ PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, split_digits: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts`, with a PAD token distinct from EOS.
 
     PAD != EOS matters for PPO: with pad == eos, masking padding also masks the EOS the policy emitted, and the
     model never learns to stop (N+ implementation details, "EOS trick").
+
+    `split_digits`: every digit is a token of its own, as in the Llama and Qwen tokenizers. BPE would otherwise
+    merge frequent numbers ("48") into single tokens and leave rare ones in pieces, so the same digit in the same
+    column would be a different token from problem to problem; one token per digit lets a small model learn
+    arithmetic column by column.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -1,6 +1,7 @@
-"""Data stage: build the demo task or read the user's data, validate every row, and version it in MLflow.
+"""Data stage: build a built-in task (demo or arithmetic) or read the user's data, validate every row, and version
+it in MLflow.
 
-Both paths write the same five files (`FILE_NAMES`), so the stages downstream read one contract. Every row is
+Every path writes the same five files (`FILE_NAMES`), so the stages downstream read one contract. Every row is
 validated here, before any training: a bad row fails the stage (FAILED run, nothing registered or cached) or, with
 `data.on_bad_row=skip`, is dropped and counted by reason.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
+from rlhf_lib.arith_task import build_arithmetic_task
+from rlhf_lib.arith_task import summarize as summarize_arithmetic
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import (
     file_fingerprint,
@@ -48,7 +51,8 @@ def file_digest(data_dir: Path, key: str) -> str:
 
 
 def source_info(data_dir: Path) -> dict:
-    """What the data stage recorded about its data: `source` ("demo" or "user"), `judge`, row counts, formats."""
+    """What the data stage recorded about its data: `source` ("demo", "arithmetic" or "user"), `judge`, row counts,
+    formats."""
     return json.loads((data_dir / "source.json").read_text())
 
 
@@ -57,7 +61,7 @@ def has_judge(data_dir: Path) -> bool:
 
 
 def dataset_name(data_dir: Path, key: str) -> str:
-    """The MLflow data set name of one file: `demo-<key>`, or `<user source name>-<key>`."""
+    """The MLflow data set name of one file: `demo-<key>`, `arithmetic-<key>`, or `<user source name>-<key>`."""
     return f"{source_info(data_dir).get('name', 'demo')}-{key}"
 
 
@@ -80,6 +84,19 @@ def _build_demo(cfg: PipelineConfig):
         (out_dir / "source.json").write_text(json.dumps({"source": "demo", "judge": "demo", "rows": counts}))
         run.log_metrics({**{f"data/rows_{k}": v for k, v in counts.items()},
                          **{f"data/{k}": v for k, v in stats.items()}}, step=0)
+    return build
+
+
+def _build_arithmetic(cfg: PipelineConfig):
+    def build(run: StageRun, out_dir: Path) -> None:
+        paths = build_arithmetic_task(cfg.data, out_dir)
+        counts = _validate_and_log(run, paths, "arithmetic")
+        # No gold judge: the answer column is the ground truth, read by the exact-match reward. The statistics go
+        # to source.json rather than metrics: they only confirm what the config asked for.
+        (out_dir / "source.json").write_text(json.dumps({
+            "source": "arithmetic", "judge": None, "name": "arithmetic", "rows": counts,
+            "reward": "rlhf_lib.rewards.builtin:exact_match", "stats": summarize_arithmetic(paths)}, indent=1))
+        run.log_metrics({f"data/rows_{k}": v for k, v in counts.items()}, step=0)
     return build
 
 
@@ -135,8 +152,12 @@ def user_fingerprint(cfg: PipelineConfig) -> str:
 
 @flow(name="data", flow_run_name="data-{config.name}")
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
-    """Build the demo task deterministically from `data.seed`, or read and validate the user's data (`data.*`
-    sources), and log the five files as versioned data sets."""
+    """Build the built-in task (`data.task`: demo or arithmetic) deterministically from `data.seed`, or read and
+    validate the user's data (`data.*` sources), and log the five files as versioned data sets."""
+    if config.data.task == "arithmetic":  # the config refuses arithmetic with user data
+        result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "arithmetic",
+                               _build_arithmetic(config))
+        return as_state(result)
     if not config.data.user_data:
         result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "demo", _build_demo(config))
         return as_state(result)

@@ -49,7 +49,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         if m.name_or_path:
             tokenizer = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code)
         else:
-            tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size)
+            tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,
+                                        split_digits=cfg.data.task == "arithmetic")
         model = build_policy(tokenizer, m.name_or_path, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                              n_positions=m.n_positions, seed=m.seed, revision=m.revision,
                              trust_remote_code=m.trust_remote_code, dtype=weights_dtype(m.dtype))

@@ -1,4 +1,5 @@
-"""Config of the data and of the policy model: the demo task, or user data sets and pretrained models."""
+"""Config of the data and of the policy model: a built-in task (demo or arithmetic), or user data sets and
+pretrained models."""
 
 from __future__ import annotations
 
@@ -13,12 +14,18 @@ COLUMN_NAMES = {
     "sft_columns": ("prompt", "completion", "response", "messages", "text"),
     "prompts_columns": ("prompt",),
 }
+# 1 right answer + 6 distinct wrong ones (off by 1, 2 or 10 either way): the most a ranked arithmetic list can hold.
+# rlhf_lib/arith_task/answers.py draws from these offsets; its tests check the two agree.
+ARITH_MAX_RESPONSES = 7
 
 
 class DataConfig(Section):
-    """The built-in demo task (see data/README.md); paths override it with user data."""
+    """A built-in task (demo or arithmetic, see data/README.md); paths override it with user data."""
 
-    seed: int = Field(0, description="Seed of the demo task generator: same seed, same data, byte for byte.")
+    task: Literal["demo", "arithmetic"] = Field(
+        "demo", description="Built-in task when no user data is set: demo (advice prompts, a hidden gold judge) or "
+        "arithmetic (\"What is 37 + 48?\", a verifiable answer for the exact-match reward).")
+    seed: int = Field(0, description="Seed of the built-in task generator: same seed, same data, byte for byte.")
     n_train_prompts: int = Field(512, ge=8, description="Training prompts (SFT, reward model and PPO draw from them).")
     n_eval_prompts: int = Field(64, ge=4, description="Held-out prompts, from slot combinations never seen in training.")
     sft_per_prompt: int = Field(2, ge=1, description="SFT demonstrations per training prompt.")
@@ -34,6 +41,9 @@ class DataConfig(Section):
         "before ranking (0 = the gold order exactly).",
     )
     eval_pairs_per_prompt: int = Field(2, ge=1, description="Noise-free held-out pairs per eval prompt (RM accuracy).")
+    sft_correct: float = Field(
+        0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
+        "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
     # User data (README "Your own data and models"): a source is a local file (.jsonl, .json, .csv, .parquet), a
     # local directory of data files, or a hub data set name, read through `datasets`.
     preferences: str | None = Field(None, description="Preference data (pairs or ranked lists): file, directory or "
@@ -80,6 +90,17 @@ class DataConfig(Section):
         if extra and not self.preferences:
             raise ValueError(f"data.{extra[0]} needs data.preferences: the reward model trains on preference data "
                              "(null preferences = the demo task)")
+        return self
+
+    @model_validator(mode="after")
+    def _arithmetic_is_built_in(self) -> "DataConfig":
+        if self.task == "arithmetic" and self.preferences is not None:
+            raise ValueError("data.task=arithmetic builds its own data: unset data.preferences (user data), or use "
+                             "data.task=demo")
+        if self.task == "arithmetic" and self.responses_per_list > ARITH_MAX_RESPONSES:
+            raise ValueError(f"data.responses_per_list ({self.responses_per_list}) must be <= {ARITH_MAX_RESPONSES} "
+                             "with data.task=arithmetic: a list holds the right answer and distinct wrong ones (off "
+                             "by 1, 2 or 10 either way)")
         return self
 
     @model_validator(mode="after")

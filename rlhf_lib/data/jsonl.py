@@ -62,6 +62,8 @@ def as_row(record: Any) -> dict[str, Any]:
     row = {f.name: getattr(record, f.name) for f in fields(record)}
     if row.get("category", "") is None:  # an optional field is written only when set
         del row["category"]
+    if isinstance(row.get("columns"), dict):  # a prompt's extra fields are top-level fields of its row
+        row.update(row.pop("columns"))
     if isinstance(row.get("responses"), tuple):
         row.update(responses=list(row["responses"]), ranking=list(range(len(row["responses"]))))
     return row

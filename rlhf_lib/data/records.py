@@ -1,11 +1,12 @@
 """Typed records and the readers/validators of the pipeline's own JSONL files (the demo task writes them, and the
 data stage writes user data into them after `formats` has parsed it).
 
-Formats, one JSON object per line (blank lines ignored, extra fields ignored):
+Formats, one JSON object per line (blank lines ignored, extra fields ignored except in prompts):
 
 - SFT: {"prompt": str, "response": str}   (the prompt may be empty: plain-text SFT)
 - ranked lists: {"prompt": str, "responses": [str, ...], "ranking": [int, ...]}, ranking = indices, best first
-- prompts: {"prompt": str}
+- prompts: {"prompt": str, ...}, every other field a JSON scalar kept in `PromptExample.columns` (the arithmetic
+  task's "answer", which a rule-based reward reads)
 - pairs: {"prompt": str, "chosen": str, "rejected": str}
 
 Ranked lists and pairs may carry an optional "category" (a string: the source's `category` column, RewardBench's
@@ -17,12 +18,13 @@ can fix their file; with on_bad_row="skip" bad rows are dropped and counted by r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from .fields import DataError, Fields, bad, jtype
+from .fields import DataError, Fields, bad, check_text, jtype
 from .jsonl import jsonl_rows, write_jsonl  # noqa: F401  (re-exported: the demo builder imports it here)
 
 T = TypeVar("T")
@@ -47,6 +49,9 @@ class RankedExample:
 @dataclass(frozen=True)
 class PromptExample:
     prompt: str
+    # The row's other fields (JSON scalars: str, finite number, bool, null), e.g. {"answer": "85"}. Not hashed, so
+    # the record stays hashable; equal records still need equal columns.
+    columns: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,17 @@ Record = SFTExample | RankedExample | PromptExample | PairExample
 
 
 def n_chars(record: Record) -> int:
-    """Characters of text in a record (the overlong-row check)."""
-    values = (getattr(record, f.name) for f in fields(record))
-    return sum(len(v) if isinstance(v, str) else sum(map(len, v)) for v in values if v is not None)
+    """Characters of text in a record (the overlong-row check): its strings, those in lists and column values."""
+    total = 0
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            total += sum(len(v) for v in value.values() if isinstance(v, str))
+        elif value is not None:
+            total += sum(map(len, value))
+    return total
 
 
 @dataclass
@@ -82,7 +95,22 @@ def _parse_sft(obj: dict[str, Any]) -> SFTExample:
 
 
 def _parse_prompt(obj: dict[str, Any]) -> PromptExample:
-    return PromptExample(Fields(obj).text("prompt"))
+    return PromptExample(Fields(obj).text("prompt"), _columns(obj))
+
+
+def _columns(obj: dict[str, Any]) -> dict[str, Any]:
+    """Every field but "prompt", each a JSON scalar; a list or object, or what JSON cannot write back (NaN, inf, a
+    lone surrogate), is a bad row naming the field."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if key == "prompt":
+            continue
+        if isinstance(value, (list, dict)):
+            raise bad("wrong type", f"field {key!r}: expected a string, number, bool or null, got {jtype(value)}", key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad("wrong type", f"field {key!r}: expected a finite number, got {value}", key)
+        out[key] = check_text(value, key, f"field {key!r}", allow_empty=True) if isinstance(value, str) else value
+    return out
 
 
 def check_pair(chosen: str, rejected: str, cols: tuple[str, str] = ("chosen", "rejected")) -> None:
@@ -190,7 +218,7 @@ def read_ranked(path: str | Path, on_bad_row: OnBadRow = "error", max_chars: int
 
 
 def read_prompts(path: str | Path, on_bad_row: OnBadRow = "error", max_chars: int = 20000) -> ReadResult[PromptExample]:
-    """Read prompts {"prompt"}."""
+    """Read prompts {"prompt", ...}; the row's other fields (JSON scalars) come out as `columns`."""
     return _read(path, _parse_prompt, on_bad_row, max_chars)
 
 

@@ -35,3 +35,55 @@ def test_a_local_model_directory_is_part_of_the_fingerprint(tmp_path):
     before = user_fingerprint(cfg)
     (tmp_path / "model" / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
     assert user_fingerprint(cfg) != before
+
+
+class FakeRun:
+    """The part of a `StageRun` the data stage's build uses: artifact URI and metrics."""
+
+    artifact_uri = "file:///artifacts"
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.metrics |= metrics
+
+
+def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
+    from stages import data
+    from rlhf_lib.data import read_prompts
+    from rlhf_lib.demo_task import FILE_NAMES
+
+    calls, datasets, run = [], [], FakeRun()
+
+    def run_cached(ctx, stage, section, upstream, fingerprint, build):
+        calls.append((stage, section, fingerprint))
+        build(run, tmp_path)
+        return "result", None
+
+    monkeypatch.setattr(data, "run_cached", run_cached)
+    monkeypatch.setattr(data, "as_state", lambda result: result)
+    monkeypatch.setattr(data, "log_dataset", lambda run, rows, source, name, context, digest: datasets.append(name))
+    cfg = PipelineConfig.model_validate({"data": {"task": "arithmetic", "n_train_prompts": 40, "n_eval_prompts": 8}})
+    assert data.data_stage.fn(cfg, ctx=None) == "result"
+
+    assert calls == [("data", {"data": cfg.data.model_dump()}, "arithmetic")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*FILE_NAMES.values(), "source.json"])
+    info = data.source_info(tmp_path)
+    assert (info["source"], info["judge"]) == ("arithmetic", None)
+    assert info["reward"] == "rlhf_lib.rewards.builtin:exact_match"
+    assert not data.has_judge(tmp_path) and data.dataset_name(tmp_path, "sft") == "arithmetic-sft"
+    assert info["rows"] == {"sft": 80, "preferences": 40, "prompts_train": 40, "prompts_eval": 8, "eval_pairs": 16}
+    assert run.metrics == {f"data/rows_{k}": v for k, v in info["rows"].items()}
+    assert datasets == [f"arithmetic-{k}" for k in FILE_NAMES]
+    assert all("answer" in p.columns for p in read_prompts(tmp_path / FILE_NAMES["prompts_eval"]).rows)
+    assert 0.0 <= info["stats"]["sft_correct"] <= 1.0
+
+
+def test_user_prompt_records_are_written_without_a_columns_field(tmp_path):
+    # A prompt's columns are top-level fields of its row, as a user's file has them.
+    from rlhf_lib.data import PromptExample, read_prompts, write_jsonl
+
+    path = write_jsonl(tmp_path / "p.jsonl", [PromptExample("Q?"), PromptExample("R?", {"answer": "3"})])
+    assert path.read_text() == '{"prompt": "Q?"}\n{"prompt": "R?", "answer": "3"}\n'
+    assert read_prompts(path).rows == [PromptExample("Q?"), PromptExample("R?", {"answer": "3"})]

@@ -84,6 +84,14 @@ BAD: list[tuple[str, bytes, str, str | None, str]] = [
     ("sft", dump({"prompt": P, "response": "x" * 20_001}), "too long", None, "max_chars=20000"),
     ("ranked", dump({"prompt": P, "responses": ["x" * 10_000, "y" * 10_000], "ranking": [0, 1]}), "too long", None,
      "characters of text"),
+    ("prompts", dump({"prompt": P, "answer": [85]}), "wrong type", "answer",
+     "field 'answer': expected a string, number, bool or null, got list"),
+    ("prompts", dump({"prompt": P, "meta": {"a": 1}}), "wrong type", "meta", "got object"),
+    ("prompts", b'{"prompt": "' + P.encode("unicode_escape") + b'", "answer": NaN}', "wrong type", "answer",
+     "expected a finite number"),
+    ("prompts", b'{"prompt": "' + P.encode("unicode_escape") + b'", "answer": "\\ud800"}', "invalid text", "answer",
+     "lone surrogate"),
+    ("prompts", dump({"prompt": P, "answer": "x" * 20_000}), "too long", None, "max_chars=20000"),
 ]
 
 
@@ -144,7 +152,7 @@ def test_ranking_is_applied_best_first(tmp_path: Path) -> None:
 def test_blank_lines_crlf_bom_and_extra_fields(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + dump({"prompt": P, "id": 7}) + b"\r\n\r\n\n" + dump(OK["prompts"]))
-    assert read_prompts(path).rows == [PromptExample(P)] * 2
+    assert read_prompts(path).rows == [PromptExample(P, {"id": 7}), PromptExample(P)]  # prompts keep their columns
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n  \n", b"garbage\n[1]\n"])
@@ -217,7 +225,9 @@ def test_round_trip_sft(tmp_path: Path, rows: list[SFTExample]) -> None:
 def test_round_trip_pairs(tmp_path: Path, rows: list[PairExample]) -> None:
     assume(all(r.chosen.strip() != r.rejected.strip() for r in rows))
     assert read_pairs(write_jsonl(tmp_path / "p.jsonl", rows)).rows == rows
-    assert read_prompts(tmp_path / "p.jsonl").rows == [PromptExample(r.prompt) for r in rows]
+    # As prompts, the pairs' other fields are columns.
+    columns = [{"chosen": r.chosen, "rejected": r.rejected} for r in rows]
+    assert read_prompts(tmp_path / "p.jsonl").rows == [PromptExample(r.prompt, c) for r, c in zip(rows, columns)]
 
 
 @FUZZ
@@ -228,6 +238,34 @@ def test_round_trip_ranked(tmp_path: Path, prompt: str, responses: list[str], da
     (ex,) = read_ranked(path).rows
     assert ex == RankedExample(prompt, tuple(responses[i] for i in ranking))
     assert read_ranked(write_jsonl(path, [ex])).rows == [ex]  # best-first records write back unchanged
+
+
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(
+    max_size=10)
+column_names = st.text(max_size=8).filter(lambda k: k != "prompt")
+
+
+@FUZZ
+@given(prompts, st.dictionaries(column_names, scalars, max_size=4))
+def test_prompt_columns_round_trip(tmp_path: Path, prompt: str, columns: dict[str, Any]) -> None:
+    # Every field but "prompt" comes back as a column, with its JSON type (a row with only "prompt": no columns).
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, **columns}, {"prompt": prompt}])
+    first, plain = read_prompts(path).rows
+    assert first == PromptExample(prompt, columns) and plain == PromptExample(prompt, {})
+    assert {k: type(v) for k, v in first.columns.items()} == {k: type(v) for k, v in columns.items()}
+    assert hash(first) == hash(plain)  # hashable; the columns are not part of the hash
+
+
+@FUZZ
+@given(prompts, st.dictionaries(column_names, scalars, max_size=3), column_names,
+       st.lists(scalars, max_size=2) | st.dictionaries(st.text(max_size=3), scalars, max_size=2))
+def test_a_list_or_object_column_is_a_bad_row_naming_it(tmp_path: Path, prompt: str, columns: dict[str, Any],
+                                                        name: str, nested: Any) -> None:
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": prompt, **columns, name: nested}])
+    with pytest.raises(DataError) as info:
+        read_prompts(path)
+    assert (info.value.line, info.value.field, info.value.kind) == (1, name, "wrong type")
+    assert f"{path}:1: field {name!r}" in str(info.value)
 
 
 json_values = st.recursive(
@@ -254,3 +292,12 @@ def test_arbitrary_lines_raise_only_data_error(tmp_path: Path, lines: list[bytes
         assert str(path) in str(e)
     else:
         assert result.rows and all(isinstance(n, int) and n > 0 for n in result.skipped.values())
+
+
+def test_a_prompt_with_columns_is_written_flat_and_reads_back(tmp_path):
+    from rlhf_lib.data.jsonl import as_row
+
+    ex = PromptExample("\n\nHuman: What is 1 + 2?\n\nAssistant:", {"answer": "3"})
+    assert as_row(ex) == {"prompt": ex.prompt, "answer": "3"}
+    path = write_jsonl(tmp_path / "p.jsonl", [ex, PromptExample("plain")])
+    assert [r.columns for r in read_prompts(path).rows] == [{"answer": "3"}, {}]

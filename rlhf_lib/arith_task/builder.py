@@ -1,0 +1,96 @@
+"""Build the arithmetic task's JSONL files from a `DataConfig`: deterministic from `cfg.seed`, byte for byte.
+
+The five files of the data contract (`FILE_NAMES`, shared with the demo task), each from its own random stream
+(seeded with the seed and the file's name), so changing the size of one file leaves the others unchanged. The prompt
+files carry an "answer" column (the right answer as a string of the integer) for the exact-match reward.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from ..config import DataConfig
+from ..data.records import read_pairs, read_prompts, read_ranked, read_sft, write_jsonl
+from ..demo_task.builder import FILE_NAMES
+from .answers import answer_of, demonstration, eval_pair, ranked_list
+from .problems import Problem, parse_problem, problems
+
+
+def _rng(seed: int, stream: str) -> random.Random:
+    # A str seed is hashed with SHA-512 by `random`, so it is stable across processes and PYTHONHASHSEED.
+    return random.Random(f"rlhf-arith-task:{seed}:{stream}")
+
+
+def _draw(rng: random.Random, pool: list[Problem], n: int) -> list[Problem]:
+    """`n` problems: passes over a reshuffled pool, so every distinct problem appears before any repeats."""
+    out: list[Problem] = []
+    while len(out) < n:
+        order = list(pool)
+        rng.shuffle(order)
+        out.extend(order)
+    return out[:n]
+
+
+def _prompt_row(problem: Problem) -> dict[str, str]:
+    return {"prompt": problem.prompt, "answer": str(problem.answer)}
+
+
+def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
+    """Write the arithmetic task's five JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}.
+
+    Sizes: `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations
+    (each right with probability `sft_correct`) and `ranked_per_prompt` ranked lists of `responses_per_list`;
+    `n_eval_prompts` held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    seed = cfg.seed
+    train = _draw(_rng(seed, "prompts_train"), problems(held_out=False), cfg.n_train_prompts)
+    evals = _draw(_rng(seed, "prompts_eval"), problems(held_out=True), cfg.n_eval_prompts)
+
+    rng = _rng(seed, "sft")
+    sft = [{"prompt": p.prompt, "response": demonstration(rng, p, cfg.sft_correct)}
+           for p in train for _ in range(cfg.sft_per_prompt)]
+    rng = _rng(seed, "preferences")
+    prefs = [ranked_list(rng, p, cfg.responses_per_list) for p in train for _ in range(cfg.ranked_per_prompt)]
+    rng = _rng(seed, "eval_pairs")
+    pairs = [eval_pair(rng, p) for p in evals for _ in range(cfg.eval_pairs_per_prompt)]
+
+    rows: dict[str, list[dict[str, Any]]] = {
+        "sft": sft,
+        "preferences": prefs,
+        "prompts_train": [_prompt_row(p) for p in train],
+        "prompts_eval": [_prompt_row(p) for p in evals],
+        "eval_pairs": pairs,
+    }
+    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in FILE_NAMES}
+
+
+def _right(prompt: str, response: str) -> bool:
+    problem = parse_problem(prompt)
+    assert problem is not None, "arithmetic prompts always hold a problem"
+    return answer_of(response) == problem.answer
+
+
+def summarize(paths: dict[str, Path]) -> dict[str, float]:
+    """Statistics of built files (for source.json, the README and sanity checks).
+
+    Keys: `sft_correct` (share of right demonstrations), `sft_distinct_problems`, `ranked_best_correct` (share of
+    lists ranking the right answer first: 1.0), `eval_chosen_correct` / `eval_rejected_correct` (1.0 / 0.0),
+    `eval_distinct_problems`.
+    """
+    sft = read_sft(paths["sft"]).rows
+    ranked = read_ranked(paths["preferences"]).rows
+    pairs = read_pairs(paths["eval_pairs"]).rows
+    evals = read_prompts(paths["prompts_eval"]).rows
+    return {
+        "sft_correct": fmean(_right(e.prompt, e.response) for e in sft),
+        "sft_distinct_problems": float(len({e.prompt for e in sft})),
+        "ranked_best_correct": fmean(_right(e.prompt, e.responses[0]) for e in ranked),
+        "eval_chosen_correct": fmean(_right(e.prompt, e.chosen) for e in pairs),
+        "eval_rejected_correct": fmean(_right(e.prompt, e.rejected) for e in pairs),
+        "eval_distinct_problems": float(len({e.prompt for e in evals})),
+    }

@@ -1,0 +1,48 @@
+"""Problems and the split over operand ranges: prompt format, parsing, and what the held-out blocks leave in
+training."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rlhf_lib.arith_task import HIGH, LOW, Problem, held_out_blocks, parse_problem, problems
+from rlhf_lib.demo_task import make_prompt
+
+
+def test_prompt_is_an_hh_transcript_like_the_demo():
+    p = Problem(37, 48)
+    assert p.prompt == "\n\nHuman: What is 37 + 48?\n\nAssistant:"
+    demo = make_prompt("chess", 0)
+    assert p.prompt.startswith("\n\nHuman: ") and p.prompt.endswith(demo[demo.index("\n\nAssistant:"):])
+    assert (p.answer, p.block, p.carries) == (85, (3, 4), True)  # 7 + 8 = 15 carries
+    assert not Problem(31, 48).carries
+
+
+def test_parse_problem_inverts_the_prompt():
+    assert all(parse_problem(p.prompt) == p for p in problems(True)[::37] + problems(False)[::101])
+    assert parse_problem("\n\nHuman: Any tips about chess?\n\nAssistant:") is None
+
+
+def test_held_out_blocks_are_a_diagonal():
+    blocks = held_out_blocks()
+    # tb = ta + 3 cyclically over 1..9: one block per row and per column.
+    assert sorted(blocks) == [(1, 4), (2, 5), (3, 6), (4, 7), (5, 8), (6, 9), (7, 1), (8, 2), (9, 3)]
+    assert sorted(a for a, _ in blocks) == sorted(b for _, b in blocks) == list(range(1, 10))
+
+
+def test_split_is_a_partition_of_all_two_digit_sums():
+    train, held = problems(held_out=False), problems(held_out=True)
+    assert (len(train), len(held)) == (7200, 900)
+    assert not set(train) & set(held)
+    assert set(train) | set(held) == {Problem(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)}
+    assert all(p.block in held_out_blocks() for p in held) and not any(p.block in held_out_blocks() for p in train)
+
+
+def test_training_covers_every_digit_and_every_tens_sum_of_eval():
+    # What a model needs to generalise to the held-out blocks is all in training, only not in these combinations.
+    train, held = problems(held_out=False), problems(held_out=True)
+    partners = Counter(p.block for p in train)
+    assert all(sum(n for (ta, _), n in partners.items() if ta == t) == 8 * 100 for t in range(1, 10))
+    assert all(sum(n for (_, tb), n in partners.items() if tb == t) == 8 * 100 for t in range(1, 10))
+    assert {sum(p.block) for p in held} <= {sum(p.block) for p in train}
+    assert {p.answer for p in held} <= {p.answer for p in train}
