@@ -6,6 +6,7 @@ functions here never print; the CLI prints what they return. Starting, probing a
 `flows.procs`; the HTTP and port probes are `stages.net`.
 
 Host and ports come from `RLHF_HOST`, `RLHF_PREFECT_PORT`, `RLHF_MLFLOW_PORT` (loopback, 4200, 5000 by default).
+With `stores="postgres"` PostgreSQL and an S3 server start first, and the two servers use them (`flows.stores`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
+from flows import stores as shared_stores
 from flows.prefect_tuning import server_batching
 from flows.procs import (
     Service,
@@ -39,8 +41,10 @@ DEFAULT_PREFECT_PORT = 4200
 DEFAULT_MLFLOW_PORT = 5000
 SERVE_DEPLOYMENT = "rlhf/full"  # registered by `rlhf serve`; its presence (freshly polled) means serve is ready
 
-# Startup order; `down` stops in reverse, so the deployment server goes before the Prefect server it talks to.
-ORDER = ("prefect", "mlflow", "serve")
+# Startup order, in phases whose services start together; `down` stops in reverse, so the deployment server goes
+# before the Prefect server it talks to, and the stores go last.
+PHASES = (shared_stores.NAMES, ("prefect", "mlflow"), ("serve",))
+ORDER = tuple(name for phase in PHASES for name in phase)
 # The hub's offline switches, and the variable in which the Makefile names those it set itself (for `make demo`).
 HUB_OFFLINE = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 MAKE_OFFLINE_MARKER = "RLHF_OFFLINE_FROM_MAKE"
@@ -193,18 +197,28 @@ def _serve_ready(prefect_api: str, started_at: float | None) -> bool:
 # start / stop
 
 
-def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str = "demo") -> dict[str, str]:
-    """Start the Prefect server, the MLflow server and (if `with_serve`) the deployment server in the background.
+def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str = "demo",
+       stores: str = "local") -> dict[str, str]:
+    """Start the Prefect server, the MLflow server and (if `with_serve`) the deployment server in the background;
+    with `stores="postgres"`, on PostgreSQL and S3 started first (`flows.stores`) instead of SQLite and local files.
 
     A service whose pid file names a live process is not started again (only waited for until it is healthy); a
     stale pid file is removed. Fails with RuntimeError, naming the URL, when a port is already taken by something
     that is not our service, or when a service exits or is not ready within `timeout_s`.
-    Returns {"prefect_ui", "prefect_api", "mlflow_ui"} URLs.
+    Returns {"prefect_ui", "prefect_api", "mlflow_ui"} URLs, and with PostgreSQL {"postgres", "artifacts"}.
     """
     state = Path(state).resolve()
     ep = _endpoints()
     specs = _services(state, ep, preset)
-    names = [n for n in ORDER if with_serve or n != "serve"]
+    shared = None
+    if stores == "postgres":
+        shared = shared_stores.SharedStores.from_env(state, _env_port)
+        shared.check()
+        specs = {**shared.services(), **shared.adapt(specs)}
+    elif stores != "local":
+        raise ValueError(f"stores={stores!r}: expected one of {', '.join(shared_stores.STORES)}")
+    names = [n for n in ORDER if n in specs and (with_serve or n != "serve")]
+    _check_same_stores(state, stores)
 
     running: dict[str, int] = {}
     for name in names:
@@ -233,41 +247,62 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str 
 
     started: dict[str, int] = {}
     try:
-        # The two servers are independent: start both, then wait, so their start-up times overlap.
-        for name in ("prefect", "mlflow"):
-            if name not in running:
-                started[name] = spawn(state, specs[name])
-        for name in ("prefect", "mlflow"):
-            wait_ready(state, specs[name], running.get(name) or started[name], timeout_s)
-        if with_serve:  # after the Prefect server: serve registers its deployments through its API
-            if "serve" not in running:
-                started["serve"] = spawn(state, specs["serve"])
-            wait_ready(state, specs["serve"], running.get("serve") or started["serve"], timeout_s)
+        if shared is not None:
+            shared.prepare()  # the cluster, on first use
+        # The services of a phase are independent: start them all, then wait, so their start-up times overlap. The
+        # servers come after the stores they use; serve after the Prefect server, whose API it registers through.
+        for phase in PHASES:
+            todo = [n for n in phase if n in names]
+            for name in todo:
+                if name not in running:
+                    started[name] = spawn(state, specs[name])
+            for name in todo:
+                wait_ready(state, specs[name], running.get(name) or started[name], timeout_s)
+            if shared is not None and phase == shared_stores.NAMES:
+                shared.provision()  # databases and bucket, before the servers open them
     except BaseException:
         # All or nothing: what this call started goes again (serve first), so a failed `up` leaves no
         # half-started set behind; services that were already running are left as they were.
         for name in reversed(ORDER):
             if name in started:
-                stop(started[name], timeout_s=5.0)
+                _stop(state, name, started[name], timeout_s=5.0)
                 forget(state, name)
         raise
 
-    return urls(state)
+    return {**urls(state), **(shared.describe() if shared is not None else {})}
+
+
+def _check_same_stores(state: Path, stores: str) -> None:
+    """A running set keeps its stores until `rlhf down`: `up` with the other kind would report it as started."""
+    was = shared_stores.recorded_kind(state)
+    if was != stores and any(live_pid(state, n) is not None for n in ORDER):
+        raise RuntimeError(f"the services of {state} are running with --stores {was}; run `rlhf down` first to "
+                           f"start them with --stores {stores}.")
+    shared_stores.record_kind(state, stores)
+
+
+def _stop(state: Path, name: str, pid: int, timeout_s: float) -> None:
+    if name == "postgres":
+        shared_stores.stop_postgres(state, timeout_s)  # a fast shutdown; the signals below then find it gone
+    stop(pid, timeout_s)
 
 
 def down(state: Path, timeout_s: float = 20) -> list[str]:
-    """Stop the services `up` started (serve first, then MLflow, then Prefect); returns the names stopped.
+    """Stop the services `up` started (serve first, then MLflow, then Prefect, then the stores); returns the names
+    stopped.
 
-    SIGTERM to each process group, SIGKILL after `timeout_s`; pid files are removed. Nothing running: [].
+    SIGTERM to each process group (PostgreSQL: `pg_ctl stop -m fast` first), SIGKILL after `timeout_s`; pid files
+    are removed. Nothing running: [].
     """
     state = Path(state).resolve()
     stopped: list[str] = []
     for name in reversed(ORDER):
         pid = live_pid(state, name)
         if pid is not None:
-            stop(pid, timeout_s)
+            _stop(state, name, pid, timeout_s)
             stopped.append(name)
         forget(state, name)
+    shared_stores.record_kind(state, None)
     return stopped
 
 
@@ -287,16 +322,18 @@ def urls(state: Path) -> dict[str, str]:
 
 
 def status(state: Path) -> dict[str, dict]:
-    """Per service: {"pid": int | None, "alive": bool, "url": str, "healthy": bool, "log": str}."""
+    """Per service: {"pid": int | None, "alive": bool, "url": str, "healthy": bool, "log": str}. The stores
+    (postgres, s3) are listed when `up --stores postgres` recorded them."""
     state = Path(state).resolve()
     u = urls(state)
     checks: dict[str, tuple[str, Callable[[], bool]]] = {
+        **shared_stores.recorded(state),
         "prefect": (u["prefect_ui"], lambda: healthy(f"{u['prefect_api']}/health")),
         "mlflow": (u["mlflow_ui"], lambda: healthy(f"{u['mlflow_ui']}/health")),
         "serve": (u["prefect_api"], lambda: _serve_ready(u["prefect_api"], started_at(state, "serve"))),
     }
     out: dict[str, dict] = {}
-    for name in ORDER:
+    for name in (n for n in ORDER if n in checks):
         url, answers = checks[name]
         recorded = read_pid(state, name)
         alive = live_pid(state, name) is not None
