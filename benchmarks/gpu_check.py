@@ -113,7 +113,7 @@ def finish_run(proc: subprocess.Popen, log: Path, timeout_s: float) -> dict:
     summary = json.loads(out.strip().splitlines()[-1])
     client = MlflowClient(summary["mlflow_tracking_uri"])
     return {stage: {k: v for k, v in client.get_run(s["mlflow_run_id"]).data.metrics.items()
-                    if not NOT_COMPARED.search(k)} for stage, s in summary["stages"].items()}
+                    if not NOT_COMPARED.search(k)} for stage, s in summary["stages"].items() if s["mlflow_run_id"]}
 
 
 def compare(name: str, ref: dict, got: dict, precision: str) -> dict:

@@ -85,6 +85,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.config, args.set or [])
     seeds = parse_seeds(args.seeds) if args.seeds else None  # refused before any work
     configure_env()
+    from flows.stores import preflight
+
+    # A server that answers while its database or artifact store is down: named now, not after a minute of retries.
+    preflight(os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("PREFECT_API_URL"))
     server = start_prefect()
     from flows.console import Console
     from rlhf_lib.process import configure_process
@@ -131,12 +135,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_reward(args: argparse.Namespace) -> int:
+    configure_env(use_services=False)
+    from flows.serve_reward import ServeError, serve
+
+    try:
+        return serve(args.model_uri, host=args.host, port=args.port, token_env=args.token_env,
+                     max_batch=args.max_batch, max_length=args.max_length, batch_size=args.batch_size,
+                     device=args.device)
+    except ServeError as e:  # a refusal to start: one message, exit 2 as for the other user errors
+        print(f"rlhf: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     state = configure_env(use_services=False)
     from flows.services import up
 
-    urls = up(state, preset=args.preset)
+    urls = up(state, preset=args.preset, stores=args.stores)
     print(f"Prefect UI: {urls['prefect_ui']}\nMLflow UI:  {urls['mlflow_ui']}\nlogs: {state / 'services'}")
+    if args.stores == "postgres":
+        print(f"PostgreSQL: {urls['postgres']}\nartifacts:  {urls['artifacts']}")
+        print(f"runs use them with:\n  export MLFLOW_TRACKING_URI={urls['mlflow_ui']} "
+              f"PREFECT_API_URL={urls['prefect_api']}")
     host = os.environ.get("RLHF_HOST", "127.0.0.1")
     loopback = " (loopback; set RLHF_HOST to serve other machines)" if host == "127.0.0.1" else ""
     print(f"bound to {host} only{loopback}")
@@ -258,6 +279,19 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")
     s.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
     s.set_defaults(fn=cmd_serve)
+    sr = sub.add_parser("serve-reward", help="serve a registered reward model over HTTP (POST /score, GET /health)")
+    sr.add_argument("model_uri", metavar="MODEL_URI", help="e.g. models:/rlhf-reward/3, models:/rlhf-reward@champion "
+                    "or runs:/<run id>/model")
+    sr.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    sr.add_argument("--port", type=int, default=8765, help="port to bind (default 8765)")
+    sr.add_argument("--token-env", default="RLHF_REWARD_TOKEN", metavar="NAME", help="environment variable holding "
+                    "the bearer token clients must send (required; default RLHF_REWARD_TOKEN)")
+    sr.add_argument("--max-batch", type=int, default=256, help="most rows per request; more get HTTP 413 (default 256)")
+    sr.add_argument("--max-length", type=int, help="tokens per row; longer rows are cut as in training (default: "
+                    "the model's context)")
+    sr.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
+    sr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    sr.set_defaults(fn=cmd_serve_reward)
     ref = sub.add_parser("reference", help="print the config and metric reference (docs/reference.md)")
     ref.add_argument("--check", metavar="FILE", help="fail unless FILE holds exactly the reference")
     ref.set_defaults(fn=cmd_reference)
@@ -275,6 +309,9 @@ def parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=cmd_plan)
     u = sub.add_parser("up", help="start the Prefect server, MLflow server and deployments")
     u.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
+    u.add_argument("--stores", choices=("local", "postgres"), default="local", help="local: SQLite and files under "
+                   "the state dir (default); postgres: MLflow and Prefect on a PostgreSQL cluster, artifacts on an "
+                   "S3 server, both started here too (docs/operations.md, Shared stores)")
     u.set_defaults(fn=cmd_up)
     for name, fn, text in (("down", cmd_down, "stop the local services"),
                            ("status", cmd_status, "show the local services"),

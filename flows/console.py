@@ -89,7 +89,8 @@ class Console:
         for col in ("stage", "status", "seconds", "model / MLflow run"):
             table.add_column(col)
         for stage, s in summary["stages"].items():
-            table.add_row(stage, s["status"], f"{s['seconds']:.1f}", s.get("model_uri") or s["mlflow_run_id"])
+            table.add_row(stage, s["status"], f"{s['seconds']:.1f}",
+                          s.get("model_uri") or s["mlflow_run_id"] or s.get("reason", ""))
         self.out.print(table)
         values, bounds = split_intervals(summary.get("eval") or {})
         figures = {k: v for k, v in values.items() if v is not None}

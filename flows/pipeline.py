@@ -37,6 +37,18 @@ def downstream_of(stages: list[str]) -> list[str]:
     return list(STAGES[first:])
 
 
+def reward_model_uri(config: PipelineConfig, reward_model: str | None) -> str | None:
+    """The reward model PPO scores with instead of the reward stage's: the `reward_model` parameter or the URI of
+    the `ppo.rewards` source of kind model (the two must agree). A parameter without such a source is an error."""
+    source = config.ppo.reward_model
+    if reward_model and source is None:
+        raise ValueError(f"reward_model {reward_model!r} was given but ppo.rewards has no source of kind model")
+    named = source.model if source else None
+    if reward_model and named and reward_model != named:
+        raise ValueError(f"reward_model {reward_model!r} differs from ppo.rewards[{source.name!r}].model {named!r}")
+    return reward_model or named
+
+
 def merged_config(preset: str, config: PipelineConfig) -> PipelineConfig:
     """The keys `config` was given (pydantic's `model_fields_set`, section by section) merged onto `preset`, and
     validated again as a whole (an unknown key or a wrong type names the key)."""
@@ -120,28 +132,37 @@ def rlhf(
     eval_metrics: dict | None = None
     try:
         # Models the user named are resolved first: a missing version fails before any work.
-        given = {stage: given_model(stage, uri) for stage, uri in (("sft", sft_model), ("reward", reward_model))
+        reward_uri = reward_model_uri(config, reward_model) if last >= 3 else reward_model
+        given = {stage: given_model(stage, uri) for stage, uri in (("sft", sft_model), ("reward", reward_uri))
                  if uri and last >= STAGES.index(stage)}
+        # PPO needs the reward stage only when a reward source is a model (ppo.rewards): functions and endpoints
+        # alone skip it (data -> sft -> ppo -> eval).
+        needs_rm = last == 2 or config.ppo.reward_model is not None
         results["data"] = data_stage(config, ctx)
         if last >= 1:
             results["sft"] = given.get("sft") or sft_stage(config, ctx, results["data"])
-        if last >= 2:
+        if last >= 2 and needs_rm:
             results["reward"] = given.get("reward") or reward_stage(config, ctx, results["data"], results["sft"])
+        reward = results.get("reward")
         if last >= 3:
-            results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], results["reward"])
+            results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], reward)
         if last >= 4:
-            results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"],
-                                                       results["reward"], results["ppo"])
+            results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
+                                                       results["ppo"])
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise
     all_cached = all(r.status == "cached" for r in results.values())
+    skipped = ({"reward": {"status": "skipped", "seconds": 0.0, "mlflow_run_id": "",
+                           "reason": "no reward source of kind model in ppo.rewards"}}
+               if last >= 3 and "reward" not in results else {})
     client.set_tag(parent_id, "rlhf.cache_hit", str(all_cached).lower())
     client.set_terminated(parent_id, "FINISHED")
     summary = {
         "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
         "mlflow_experiment_id": experiment_id, "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
-        "stages": {k: r.summary() for k, r in results.items()},
+        "stages": {k: results[k].summary() if k in results else skipped[k] for k in STAGES
+                   if k in results or k in skipped},
         "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
     }
     _markdown(summary)
@@ -153,7 +174,7 @@ def _markdown(summary: dict) -> None:
              f"MLflow parent run `{summary['mlflow_run_id']}` in `{summary['mlflow_tracking_uri']}`", "",
              "| stage | status | MLflow run | model |", "| --- | --- | --- | --- |"]
     for stage, s in summary["stages"].items():
-        lines.append(f"| {stage} | {s['status']} | `{s['mlflow_run_id']}` | {s.get('model_uri', '')} |")
+        lines.append(f"| {stage} | {s['status']} | `{s.get('mlflow_run_id', '')}` | {s.get('model_uri', '')} |")
     if "eval" in summary["stages"]:
         report = f"{summary['stages']['eval']['mlflow_run_id']}/artifacts/report/report.html"
         lines += ["", f"Eval report: `report/report.html` of MLflow run `{summary['stages']['eval']['mlflow_run_id']}` "

@@ -15,7 +15,7 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.metric_docs import RUNS
 from rlhf_lib.ppo.alarms import RULES
 
-PRESETS = ("demo", "micro", "gpt2-124m", "pythia-160m", "qwen-0.5b")
+PRESETS = ("demo", "micro", "arithmetic", "gpt2-124m", "pythia-160m", "qwen-0.5b")
 RUN_TITLES = {"ppo": "PPO run (`ppo-<key>`), one value per iteration", "sft": "SFT run, one value per step",
               "reward": "Reward run, one value per step", "data": "Data run", "eval": "Eval run"}
 
@@ -45,11 +45,31 @@ def _rows(model: type[BaseModel], values: list[dict[str, Any]], prefix: str = ""
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += _rows(ann, [v[name] for v in values], f"{prefix}{name}.")
             continue
+        item = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
+        if isinstance(item, type) and issubclass(item, BaseModel):  # ppo.rewards: a list of sources
+            rows += _list_rows(f"{prefix}{name}", field, item, [v[name] for v in values])
+            continue
         cells = [_value(v[name]) for v in values]
         if len(set(cells)) == 1:  # the same in every preset: one cell
             cells = [cells[0]] + ["〃"] * (len(cells) - 1)
         desc = (field.description or "").replace("|", "\\|")
         rows.append(f"| `{prefix}{name}` | {_type(ann)} | " + " | ".join(cells) + f" | {desc} |")
+    return rows
+
+
+def _list_rows(key: str, field: Any, item: type[BaseModel], values: list[list[dict[str, Any]]]) -> list[str]:
+    """A list of sub-configs (`ppo.rewards`): one row with each preset's entries as `name:kind`, then a row per
+    field of an entry with its default (`required` where it has none)."""
+    cells = [_value([f"{x['name']}:{x['kind']}" for x in v]) for v in values]
+    if len(set(cells)) == 1:
+        cells = [cells[0]] + ["〃"] * (len(cells) - 1)
+    desc = (field.description or "").replace("|", "\\|")
+    rows = [f"| `{key}` | list | " + " | ".join(cells) + f" | {desc} |"]
+    for name, sub in item.model_fields.items():
+        default = "required" if sub.is_required() else _value(sub.get_default(call_default_factory=True))
+        cells = [default] + ["〃"] * (len(values) - 1)
+        desc = (sub.description or "").replace("|", "\\|")
+        rows.append(f"| `{key}[].{name}` | {_type(sub.annotation)} | " + " | ".join(cells) + f" | {desc} |")
     return rows
 
 

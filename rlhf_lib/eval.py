@@ -1,5 +1,6 @@
 """Held-out evaluation: sample the policy and the SFT model on the same prompts with the same seed, then compare
-them under the reward model and, where the task has one, the gold judge."""
+them under the reward sources PPO optimised (the reward model, functions, endpoints: their weighted sum and each one)
+and, where the task has one, the gold judge."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from rlhf_lib.config import EvalConfig
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.ppo.kl import kl_per_token
 from rlhf_lib.ppo.masked import masked_sum
-from rlhf_lib.ppo.retokenize import retokenized_scores
 from rlhf_lib.ppo.rollout import decode_responses, encode_prompts, ends_with_eos, sample
-from rlhf_lib.ppo.scoring import concat, response_logprobs, sequence_scores
+from rlhf_lib.ppo.scoring import response_logprobs
+from rlhf_lib.rewards.combine import RewardSet
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,12 +30,13 @@ class Generations:
     """Samples of one model on the eval prompts. Per-response tensors have shape (N,)."""
 
     texts: list[str]
-    scores: torch.Tensor
+    scores: torch.Tensor  # the weighted sum of the reward sources
     lengths: torch.Tensor
     has_eos: torch.Tensor
     kl_to_ref: torch.Tensor
     gold: list[float] | None = None
     terms: dict[str, list[float]] | None = None  # the judge's terms per response, by term name
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)  # each reward source's raw score, by name
 
 
 @dataclass
@@ -47,16 +49,16 @@ class EvalResult:
 
 @torch.inference_mode()
 def generate_and_score(
-    model: PreTrainedModel, ref: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    model: PreTrainedModel, ref: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None, terms: Terms | None = None,
+    chunk: int | None = None, terms: Terms | None = None,
 ) -> Generations:
     """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
-    response with the RM (through `reward_tokenizer` when the RM has its own), the KL to `ref` (sum over tokens of
-    log pi - log pi_ref, k1, in nats) and the judge. The models may sit on any device; the figures come back as
+    response with the reward sources (`rewards`: the RM through its own tokenizer where it has one, functions,
+    endpoints), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge. The models may sit on any device; the figures come back as
     float32 on the CPU. `chunk`: response positions projected to the vocabulary at a time in the KL's log-probs."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    texts, scores, lengths, eos, kls = [], [], [], [], []
+    texts, scores, parts, lengths, eos, kls = [], [], [], [], [], []
     batch_size = cfg.batch_size
     for i in range(0, len(prompts), batch_size):
         q, qm = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_tokens)
@@ -64,9 +66,10 @@ def generate_and_score(
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=gen)
         ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)
         texts += decode_responses(tokenizer, r, rm)
-        score = (sequence_scores(reward, *concat(q, qm, r, rm)) if reward_tokenizer is None
-                 else retokenized_scores(reward, reward_tokenizer, tokenizer, q, qm, r, rm))
-        scores.append(score.float().cpu())
+        device = r.device
+        got = rewards(prompts[i : i + batch_size], q.to(device), qm.to(device), r, rm)
+        scores.append(got.total.float().cpu())
+        parts.append({k: v.float().cpu() for k, v in got.parts.items()})
         lengths.append(rm.sum(1).float().cpu())
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id).cpu())
         kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1).float().cpu())
@@ -75,7 +78,9 @@ def generate_and_score(
     if terms is not None:
         rows = [terms(p, t) for p, t in zip(prompts, texts)]
         by_term = {name: [r[name] for r in rows] for name in (rows[0] if rows else {})}
-    return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold, by_term)
+    by_source = {name: torch.cat([p[name] for p in parts]) for name in (parts[0] if parts else {})}
+    return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold, by_term,
+                       by_source)
 
 
 def win_rate(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> float:
@@ -104,7 +109,16 @@ def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
     for name, values in (policy.terms or {}).items():
         m[f"gold_{name}_mean"] = sum(values) / len(values)
         m[f"gold_{name}_mean_sft"] = sum(sft.terms[name]) / len(sft.terms[name])
+    for name, values in source_figures(policy).items():
+        m[f"reward_{name}_mean"] = float(values.mean())
+        m[f"reward_{name}_mean_sft"] = float(sft.parts[name].mean())
     return m
+
+
+def source_figures(gens: Generations) -> dict[str, torch.Tensor]:
+    """Each reward source's scores, when there is more than the reward model alone (`reward_mean` is then the RM's
+    score and needs no second name)."""
+    return {} if len(gens.parts) < 2 and "rm" in gens.parts or not gens.parts else gens.parts
 
 
 def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
@@ -118,6 +132,8 @@ def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
                     win_rate_vs_sft=win_indicators(policy.gold, sft.gold).tolist())
     for name, values in (policy.terms or {}).items():
         rows[f"gold_{name}_mean"], rows[f"gold_{name}_mean_sft"] = values, sft.terms[name]
+    for name, values in source_figures(policy).items():
+        rows[f"reward_{name}_mean"], rows[f"reward_{name}_mean_sft"] = values.tolist(), sft.parts[name].tolist()
     return rows
 
 
@@ -138,19 +154,20 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
             "sft_rm_score": round(float(sft.scores[i]), 4), "ppo_rm_score": round(float(policy.scores[i]), 4),
             "sft_gold": None if sft.gold is None else round(sft.gold[i], 4),
             "ppo_gold": None if policy.gold is None else round(policy.gold[i], 4),
-        })
+        } | {f"{who}_{name}": round(float(g.parts[name][i]), 4) for name in source_figures(policy)
+             for who, g in (("sft", sft), ("ppo", policy))})
     return rows
 
 
 def evaluate(
-    policy: PreTrainedModel, sft: PreTrainedModel, reward: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    policy: PreTrainedModel, sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
-    reward_tokenizer: PreTrainedTokenizerBase | None = None, chunk: int | None = None, terms: Terms | None = None,
+    chunk: int | None = None, terms: Terms | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
     one where the task has them, and a 95 % interval of every figure."""
-    args = (reward, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    kw = {"reward_tokenizer": reward_tokenizer, "chunk": chunk, "terms": terms}
+    args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
+    kw = {"chunk": chunk, "terms": terms}
     pol = generate_and_score(policy, sft, *args, **kw)
     base = generate_and_score(sft, sft, *args, **kw)
     return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),

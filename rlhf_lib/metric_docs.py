@@ -23,8 +23,12 @@ def _m(names: str, meaning: str, bad: str = "—") -> MetricDoc:
 
 
 PPO = (
-    _m("objective/score_raw", "mean raw RM score of the rollout's responses",
+    _m("objective/score_raw", "mean raw score of the rollout's responses: the weighted sum of the reward sources "
+       "(`ppo.rewards`; by default the RM's score alone)",
        "rising while `objective/gold` falls or length runs away: reward hacking"),
+    _m("objective/score/<name> objective/score/<name>_weighted", "each reward source's mean raw score, and times its "
+       "weight (their sum is `objective/score_raw`)", "one source falling while the sum rises: the policy trades "
+       "that source for the others (the reward_hacking alarm fires)"),
     _m("objective/score", "mean score that enters the reward: raw minus the RM offset (SFT samples average 0), minus "
        "`ppo.missing_eos_penalty` where EOS is missing, then running-whitened and clipped when configured",
        "far below the raw score's trend: the EOS penalty is firing"),
@@ -122,7 +126,8 @@ DATA = (
 )
 
 EVAL = (
-    _m("eval/reward_mean eval/reward_mean_sft", "RM score of policy and SFT samples on the held-out prompts"),
+    _m("eval/reward_mean eval/reward_mean_sft", "summed score of the reward sources (the RM by default) of policy "
+       "and SFT samples on the held-out prompts"),
     _m("eval/gold_reward_mean eval/gold_reward_mean_sft", "the gold judge's score of the same samples (demo task)"),
     _m("eval/win_rate_vs_sft", "share of held-out prompts where the judge prefers the policy's sample (a tie counts "
        "half); null without a judge", "below 0.5: PPO made things worse"),
@@ -131,7 +136,10 @@ EVAL = (
        "far above `ppo.target_kl`: the policy drifted"),
     _m("eval/response_length_mean eval/response_length_mean_sft eval/no_eos_frac", "response length of policy and SFT, "
        "and the policy's share of responses without EOS"),
-    _m("eval/reward_model_accuracy", "the RM's pairwise accuracy on the held-out pairs"),
+    _m("eval/reward_model_accuracy", "the RM's pairwise accuracy on the held-out pairs (absent without an RM)"),
+    _m("eval/reward_<name>_mean eval/reward_<name>_mean_sft", "each reward source's mean score for policy and SFT "
+       "samples, when PPO used more than the RM alone (the arithmetic task's exact-match accuracy is one)",
+       "the policy below SFT on a source: PPO traded it for the others"),
     _m("eval/truncated_prompts", "eval prompts cut on the left"),
     _m("eval/gold_<term>_mean eval/gold_<term>_mean_sft", "each term of the gold judge (topic, detail, tone, "
        "length, ending, repetition) for policy and SFT samples (demo task)", "the policy below SFT on a term, "

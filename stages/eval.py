@@ -20,18 +20,25 @@ from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
+from rlhf_lib.ppo.retokenize import RewardScorer
 from rlhf_lib.reward import pairwise_accuracy
+from rlhf_lib.rewards.combine import RewardSet
 from stages.artifact_cache import download
 from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge, source_info
+from stages.ppo import prompt_columns, reward_code
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
 
 
-def ppo_history(ppo_run_id: str) -> dict[str, list[tuple[int, float]]]:
+def ppo_history(ppo_run_id: str, cfg: PipelineConfig) -> dict[str, list[tuple[int, float]]]:
+    """The PPO run's curves for the report: the dashboard's, and each reward source's raw score when there are
+    several sources."""
     client = RetryingClient()
-    return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key, _ in CURVES}
+    sources = [f"objective/score/{r.name}" for r in cfg.ppo.rewards] if len(cfg.ppo.rewards) > 1 else []
+    keys = [key for key, _ in CURVES] + sources
+    return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key in keys}
 
 
 def ppo_tags(ppo_run_id: str) -> dict[str, str]:
@@ -51,31 +58,38 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         device = ProcessGroup(device=cfg.resources.device).device
         policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
         sft, _ = load_causal_lm(dirs["sft"], trust, dtype)
-        reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype)
-        for model in (policy, sft, reward):
+        reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype) if "reward" in dirs else None
+        for model in filter(None, (policy, sft, reward)):
             model.to(device)
-        reward_tokenizer = load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
+        reward_tokenizer = (load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
+                            if reward is not None else None)
+        own = None if reward is None or same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
+        rm = RewardScorer(reward, tokenizer, own) if reward is not None else None
+        rewards = RewardSet(cfg.ppo.rewards, rm, tokenizer, prompt_columns(data_dir, "prompts_eval"),
+                            cfg.eval.batch_size)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
         max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
-        own = None if same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
         precision = autocast(device, cfg.resources.mixed_precision)
         with precision():
-            result = evaluate(policy, sft, reward, tokenizer, prompts, cfg.eval, max_prompt, judge,
-                              reward_tokenizer=own, chunk=cfg.ppo.logprob_chunk, terms=terms)
+            result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
+                              chunk=cfg.ppo.logprob_chunk, terms=terms)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
-        # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data.
-        max_length = fit_length(cfg.reward.max_length, reward)
-        with precision():
-            metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
-                                                                 cfg.reward.eval_batch_size)
         bounds = dict(result.intervals)
-        bounds["reward_model_accuracy"] = proportion_interval(round(metrics["reward_model_accuracy"] * len(pairs)),
-                                                              len(pairs))
+        # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data. No RM (the
+        # reward came from functions and endpoints only): no accuracy.
+        metrics["reward_model_accuracy"] = None
+        if reward is not None:
+            max_length = fit_length(cfg.reward.max_length, reward)
+            with precision():
+                metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
+                                                                     cfg.reward.eval_batch_size)
+            bounds["reward_model_accuracy"] = proportion_interval(
+                round(metrics["reward_model_accuracy"] * len(pairs)), len(pairs))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
         run.log_metrics({f"eval/{k}_ci95_{end}": v for k, (lo, hi) in bounds.items()
                          for end, v in (("low", lo), ("high", hi)) if math.isfinite(v)}, step=0)
@@ -84,12 +98,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             "name": cfg.name,
             "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
-               "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only"},
+               "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only",
+               "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)},
             "metrics": metrics,
             "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
         }
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))
-        history = ppo_history(upstream["ppo"].mlflow_run_id)
+        history = ppo_history(upstream["ppo"].mlflow_run_id, cfg)
         tags = ppo_tags(upstream["ppo"].mlflow_run_id)
         alarms = ppo_alarms(tags)
         summary["alarms"] = alarms
@@ -106,15 +121,17 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
 
 @flow(name="eval", flow_run_name="eval-{config.name}")
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
-               reward: StageResult, ppo: StageResult) -> tuple[StageResult, dict]:
-    """Evaluate on held-out prompts; returns the stage result and the report's metrics."""
+               reward: StageResult | None, ppo: StageResult) -> tuple[StageResult, dict]:
+    """Evaluate on held-out prompts; returns the stage result and the report's metrics. `reward` is None when no
+    reward source of `ppo.rewards` is a model."""
     data_dir = download(data.artifact_uri, data.digest)
-    upstream = {"sft": sft, "reward": reward, "ppo": ppo}
+    upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
     section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions,
                                                            "dtype": config.model.dtype},
                "reward": {"max_length": config.reward.max_length},
-               "resources": {"mixed_precision": config.resources.mixed_precision}}
+               "resources": {"mixed_precision": config.resources.mixed_precision},
+               "rewards": [s.model_dump() for s in config.ppo.rewards], "reward_code": reward_code(config)}
     build = _build(config, data_dir, data, upstream)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())

@@ -30,6 +30,7 @@ from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
 from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
+from rlhf_lib.rewards.functions import function_digest
 from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
@@ -147,12 +148,25 @@ class PPORunSink(RunSink):
             self._log_checkpoint(wait=True)
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult):
+def reward_code(cfg: PipelineConfig) -> dict[str, str]:
+    """The source digest of each reward function of `ppo.rewards`, by source name: part of the PPO and eval cache
+    keys, so an edited function reruns them (an endpoint is identified by its URL and `version`, in the config).
+    A function that cannot be imported fails here, naming its source, before anything runs."""
+    return {s.name: function_digest(s.function, s.describe()) for s in cfg.ppo.rewards if s.kind == "function"}
+
+
+def prompt_columns(data_dir: Path, *keys: str) -> dict[str, dict[str, Any]]:
+    """The extra fields of the prompts of the files `keys` (e.g. the arithmetic task's `answer`), by prompt text."""
+    return {p.prompt: p.columns for key in keys for p in read_prompts(data_dir / FILE_NAMES[key]).rows if p.columns}
+
+
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
         check_sizes(cfg.ppo, cfg.resources.num_processes)  # before any model is loaded or process launched
         # Here, not before the look-up: a cache hit downloads no model.
-        sft_dir, reward_dir = download(sft.artifact_uri, sft.digest), download(reward.artifact_uri, reward.digest)
+        sft_dir = download(sft.artifact_uri, sft.digest)
+        reward_dir = download(reward.artifact_uri, reward.digest) if reward is not None else None
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
         ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
                if cfg.ppo.ptx_coef > 0 else [])
@@ -163,8 +177,10 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
         heldout = ([p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
                    if cfg.ppo.eval_every else [])
-        job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir), reward_dir=str(reward_dir),
-                     prompts=prompts, out_dir=str(out_dir), ptx=ptx, judge=has_judge(data_dir), eval_prompts=heldout)
+        job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir),
+                     reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
+                     judge=has_judge(data_dir), eval_prompts=heldout,
+                     columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"))
         _train(cfg, run, job)
     return build
 
@@ -204,9 +220,10 @@ def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Pat
 
 @flow(name="ppo", flow_run_name="ppo-{config.name}")
 def ppo_stage(
-    config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult
+    config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult | None
 ) -> StageResult:
-    """PPO against the frozen reward model, as a loop of rollout -> score -> gae -> update tasks."""
+    """PPO against the frozen reward model and the other reward sources of `ppo.rewards` (`reward` is None when
+    no source is a model), as a loop of rollout -> score -> gae -> update tasks."""
     data_dir = download(data.artifact_uri, data.digest)
     # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
     section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,
@@ -215,9 +232,12 @@ def ppo_stage(
                              "frozen_dtype": config.resources.frozen_dtype}}
     if config.ppo.ptx_coef > 0:  # the demonstrations' length
         section["sft"] = {"max_length": config.sft.max_length}
+    if code := reward_code(config):
+        section["reward_code"] = code
     # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
     fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
                                                             if config.ppo.eval_every else "")
-    result, _ = run_cached(ctx, "ppo", section, {"sft": sft, "reward": reward}, fingerprint,
+    upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
+    result, _ = run_cached(ctx, "ppo", section, upstream, fingerprint,
                            _build(config, data_dir, data, sft, reward))
     return as_state(result)

@@ -10,7 +10,7 @@ from typing import Any
 from rlhf_lib.intervals import with_interval
 
 CURVES = [
-    ("objective/score_raw", "RM score (raw)"), ("objective/kl", "KL to reference (nats/response)"),
+    ("objective/score_raw", "score (raw: RM, or the sum of ppo.rewards)"), ("objective/kl", "KL to reference (nats/response)"),
     ("objective/kl_coef", "beta"), ("policy/entropy", "entropy"), ("response/length_mean", "response length"),
     ("policy/clipfrac", "clip fraction"), ("value/explained_variance", "explained variance"),
     ("objective/gold", "gold score (judge, monitoring only)"),
@@ -39,7 +39,10 @@ def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
     """A grid of the PPO curves over iterations, as base64 PNG."""
     plt = _plt()
 
-    present = [(k, t) for k, t in CURVES if history.get(k)]
+    # Each reward source's raw score, when PPO had more than the RM alone (`objective/score/<name>`).
+    sources = [(k, f"reward source {k.rsplit('/', 1)[1]} (raw)") for k in sorted(history)
+               if k.startswith("objective/score/") and history[k]]
+    present = [(k, t) for k, t in CURVES if history.get(k)] + sources
     if not present:
         return None
     cols = 4

@@ -46,6 +46,6 @@ def test_every_relative_link_resolves():
 
 
 def test_the_commands_table_names_real_commands():
-    commands = set(re.findall(r"^\| `rlhf ([a-z]+)", README, re.M))
-    choices = re.search(r"\{([a-z,]+)\}", parser().format_help()).group(1).split(",")
+    commands = set(re.findall(r"^\| `rlhf ([a-z][a-z-]*)", README, re.M))
+    choices = re.search(r"\{([a-z,-]+)\}", parser().format_help()).group(1).split(",")
     assert commands and commands <= set(choices)

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from rlhf_lib.config.base import Section
+from rlhf_lib.config.rewards import RewardSource, check_rewards, default_rewards
 
 VLLM_INSTALL_HINT = "pip install 'rlhf-pipeline[vllm]'"
 
@@ -55,6 +56,10 @@ class PPOConfig(Section):
     rm_offset_samples: int = Field(128, ge=0, description="RM offset normalisation: before iteration 0, score this "
                                    "many samples of the SFT policy and subtract their mean score from every score, "
                                    "so SFT samples average 0; 0 = off.")
+    rewards: list[RewardSource] = Field(
+        default_factory=default_rewards, description="Reward sources, each {name, kind: model|function|http, weight, "
+        "...}; their weighted sum is the score on the last real token. Default: the reward stage's RM alone. "
+        "Without a source of kind model the reward stage does not run.")
     whiten_rewards: bool = Field(False, description="Normalise scores by a running mean and std over all rollouts.")
     reward_clip: float | None = Field(None, gt=0, description="Clip the (normalised) score to [-c, c]; null = off.")
     # Critic.
@@ -144,12 +149,18 @@ class PPOConfig(Section):
              f"ppo.batch_size ({self.batch_size}) must be divisible by ppo.group_size ({self.group_size}) "
              f"with ppo.advantage_estimator={self.advantage_estimator}"),
         ]
+        check_rewards(self.rewards)
         checks.append((self.keep == "best" and self.eval_every is None,
                        "ppo.keep=best needs ppo.eval_every: the best policy is chosen at the held-out evaluations"))
         for bad, message in checks:
             if bad:
                 raise ValueError(message)
         return self
+
+    @property
+    def reward_model(self) -> RewardSource | None:
+        """The source of kind model, if any: PPO then loads a frozen reward model."""
+        return next((r for r in self.rewards if r.kind == "model"), None)
 
     @property
     def has_critic(self) -> bool:

@@ -12,8 +12,9 @@ report lists it, and `ppo.stop_on_alarm` ends the loop.
   predict returns, so GAE advantages are mostly noise.
 - length_explosion: responses running into `max_new_tokens` (mean length above `alarm_length_frac` of it, or most
   of them without EOS).
-- reward_hacking: over the last `alarm_window` iterations the RM score rises while the gold score falls (where a
-  judge exists), or while the mean length grows by more than half: the policy is exploiting the reward model.
+- reward_hacking: over the last `alarm_window` iterations the score rises while the gold score falls (where a
+  judge exists), while one of several reward sources falls (`ppo.rewards`), or while the mean length grows by more
+  than half: the policy is exploiting the reward model (or trading one source for another).
   Rise and fall are least-squares trends over the window of at least `alarm_min_change`, not noise.
 """
 
@@ -35,8 +36,9 @@ RULES = {
     "entropy_collapse": "after `ppo.alarm_after` iterations, `policy/entropy` < `ppo.alarm_entropy_min`",
     "critic_lag": "after `ppo.alarm_after` iterations, `value/explained_variance` < `ppo.alarm_explained_variance_min`",
     "reward_hacking": "over the last `ppo.alarm_window` iterations `objective/score_raw` rises while `objective/gold` "
-                      "falls (each a least-squares trend of at least `ppo.alarm_min_change`), or the score rises while "
-                      "`response/length_mean` grows by more than half",
+                      "falls (each a least-squares trend of at least `ppo.alarm_min_change`), or one of several reward "
+                      "sources' `objective/score/<name>` falls, or the score rises while `response/length_mean` grows "
+                      "by more than half",
 }
 
 
@@ -64,9 +66,10 @@ class AlarmMonitor:
 
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
-        self.history: dict[str, deque[float]] = {
-            k: deque(maxlen=cfg.alarm_window) for k in ("objective/score_raw", "objective/gold", "response/length_mean")
-        }
+        # With several reward sources, each one's raw score: a rising sum bought by a falling source is flagged.
+        self.sources = [f"objective/score/{r.name}" for r in cfg.rewards] if len(cfg.rewards) > 1 else []
+        keys = ("objective/score_raw", "objective/gold", "response/length_mean", *self.sources)
+        self.history: dict[str, deque[float]] = {k: deque(maxlen=cfg.alarm_window) for k in keys}
 
     def check(self, iteration: int, stats: dict[str, float]) -> list[Alarm]:
         c = self.cfg
@@ -106,6 +109,11 @@ class AlarmMonitor:
         if len(gold) == len(score) and _slope(gold) * span <= -self.cfg.alarm_min_change:
             return [Alarm("reward_hacking", iteration, f"RM score rising ({score[0]:.2f} -> {score[-1]:.2f}) while "
                                                        f"gold falls ({gold[0]:.2f} -> {gold[-1]:.2f})")]
+        for key in self.sources:
+            part = list(self.history[key])
+            if len(part) == len(score) and _slope(part) * span <= -self.cfg.alarm_min_change:
+                return [Alarm("reward_hacking", iteration, f"summed score rising ({score[0]:.2f} -> {score[-1]:.2f}) "
+                                                           f"while {key} falls ({part[0]:.2f} -> {part[-1]:.2f})")]
         if length[0] > 0 and length[-1] > 1.5 * length[0]:
             return [Alarm("reward_hacking", iteration, f"RM score rising while length grows "
                                                        f"{length[0]:.1f} -> {length[-1]:.1f} tokens")]

@@ -49,7 +49,7 @@ def selection_metric(judged: bool) -> str:
 
 @torch.inference_mode()
 def heldout_stats(trainer: PPOTrainer, prompts: Sequence[str], judge: Judge | None) -> dict[str, float]:
-    """The policy on `prompts`: mean RM score (`heldout/reward`), gold score (`heldout/gold`, with a judge), KL to the
+    """The policy on `prompts`: mean summed score of the reward sources (`heldout/reward`), gold score (`heldout/gold`, with a judge), KL to the
     reference per response (k1, nats) and length in tokens. `ppo.score_batch_size` prompts at a time, under the
     trainer's autocast; the same draws at every call (its own generator), so the curve moves only with the policy."""
     c, tok = trainer.cfg, trainer.models.tokenizer
@@ -65,7 +65,7 @@ def heldout_stats(trainer: PPOTrainer, prompts: Sequence[str], judge: Judge | No
             with adapters_off(trainer.peft):
                 ref, _ = response_logprobs(trainer.reference, q, qm, r, rm, c.temperature, chunk=c.logprob_chunk)
             kls.append(masked_sum(kl_per_token(logp, ref, "k1"), rm, dim=1).float().cpu())
-            rewards.append(trainer.rm_scores(q, qm, r, rm).float().cpu())
+            rewards.append(trainer.rewards(prompts[i : i + n], q, qm, r, rm).total.float().cpu())
             lengths.append(rm.sum(1).float().cpu())
             texts += decode_responses(tok, r, rm)
     stats = {"heldout/reward": float(torch.cat(rewards).mean()), "heldout/kl": float(torch.cat(kls).mean()),

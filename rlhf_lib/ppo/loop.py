@@ -132,13 +132,14 @@ class PPOJob:
 
     config: dict[str, Any]
     sft_dir: str
-    reward_dir: str
+    reward_dir: str | None  # None: no reward source of kind model (ppo.rewards)
     prompts: list[str]
     out_dir: str
     ptx: list[tuple[str, str]] = field(default_factory=list)
     judge: bool = False
     resume: list[str] = field(default_factory=list)
     eval_prompts: list[str] = field(default_factory=list)  # the held-out prompts of ppo.eval_every
+    columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # the prompts' extra fields, by prompt text
 
     @classmethod
     def from_dict(cls, job: dict[str, Any]) -> PPOJob:
@@ -148,21 +149,24 @@ class PPOJob:
         return asdict(self)
 
 
-def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOModels:
+def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path | None) -> PPOModels:
     """Policy and frozen reference from SFT (no reference copy with LoRA), the frozen reward model (with its own
-    tokenizer when it differs from the policy's), and the critic the config asks for: a value model initialised
-    from the RM (InstructGPT; from SFT when the RM reads other token ids) or from SFT, or none (a shared value
-    head, grpo, rloo). The trained models load in `model.dtype`, the frozen ones in `resources.frozen_dtype`; all
+    tokenizer when it differs from the policy's; none without `reward_dir`, when no reward source is a model), and
+    the critic the config asks for: a value model initialised from the RM (InstructGPT; from SFT when the RM reads
+    other token ids or there is no RM) or from SFT, or none (a shared value head, grpo, rloo). The trained models load in `model.dtype`, the frozen ones in `resources.frozen_dtype`; all
     on the CPU (the trainer places them)."""
     dtype, frozen = weights_dtype(cfg.model.dtype), DTYPES[cfg.resources.frozen_dtype]
     policy, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, dtype)
     # LoRA: the reference is the policy with its adapters off, so there is no copy.
     ref = None if cfg.ppo.lora else copy.deepcopy(policy).to(frozen)
-    reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer, cfg.reward.trust_remote_code,
-                                                       dtype, frozen)
+    if reward_dir is None:
+        reward, value, reward_tokenizer = None, None, None
+    else:
+        reward, value, reward_tokenizer = load_reward_side(reward_dir, policy, tokenizer,
+                                                           cfg.reward.trust_remote_code, dtype, frozen)
     if not (cfg.ppo.has_critic and cfg.ppo.critic == "separate"):
         value = None
-    elif cfg.ppo.value_init == "sft" and reward_tokenizer is None:
+    elif value is None or (cfg.ppo.value_init == "sft" and reward_tokenizer is None):
         value = build_scalar_model(policy)
     return PPOModels(policy=policy, ref=ref, reward=reward, value=value, tokenizer=tokenizer,
                      reward_tokenizer=reward_tokenizer)
@@ -170,12 +174,12 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path) -> PPOMode
 
 def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
     cfg = PipelineConfig.model_validate(job.config)
-    models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir))
+    models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir) if job.reward_dir else None)
     group = group or ProcessGroup(device=cfg.resources.device)
     return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.max_new_tokens,
                       ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group,
                       mixed_precision=cfg.resources.mixed_precision,
-                      frozen_dtype=DTYPES[cfg.resources.frozen_dtype])
+                      frozen_dtype=DTYPES[cfg.resources.frozen_dtype], columns=job.columns)
 
 
 def load_first(trainer: PPOTrainer, candidates: Sequence[Path]) -> Path | None:

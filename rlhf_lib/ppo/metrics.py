@@ -89,7 +89,12 @@ def response_stats(ro: Rollout, eos_token_id: int) -> dict[str, float]:
 
 
 def sample_rows(ro: Rollout, tokenizer, n: int) -> list[dict[str, object]]:
-    """The first `n` (prompt, response, score) rows of a scored rollout, for the sample table."""
+    """The first `n` rows of a scored rollout, for the sample table: prompt, response, whether it ended with EOS, the
+    summed raw score and the shaped one, and each reward source's raw score when there are several."""
     texts = decode_responses(tokenizer, ro.response[:n], ro.response_mask[:n])
-    return [{"prompt": p, "response": r, "score_raw": float(raw), "score": float(s)}
-            for p, r, raw, s in zip(ro.prompts[:n], texts, ro.raw_scores[:n], ro.scores[:n])]
+    finished = ends_with_eos(ro.response[:n], ro.response_mask[:n], tokenizer.eos_token_id).tolist()
+    parts = ro.score_parts if ro.score_parts and len(ro.score_parts) > 1 else {}
+    return [{"prompt": p, "response": r, "finished": f, "score_raw": float(raw), "score": float(s)}
+            | {f"score/{name}": float(v[i]) for name, v in parts.items()}
+            for i, (p, r, f, raw, s) in enumerate(zip(ro.prompts[:n], texts, finished, ro.raw_scores[:n],
+                                                      ro.scores[:n]))]

@@ -121,6 +121,8 @@ def gather_rollout(ro: Rollout, pad_id: int, group: ProcessGroup) -> None:
         if getattr(ro, name) is not None:
             setattr(ro, name, group.gather(_padded(getattr(ro, name), r, 0)))
     ro.raw_scores = group.gather(ro.raw_scores)
+    if ro.score_parts:
+        ro.score_parts = {name: group.gather(v) for name, v in ro.score_parts.items()}
     ro.prompts = [p for part in group.gather_objects(ro.prompts) for p in part]
 
 

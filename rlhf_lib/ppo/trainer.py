@@ -10,7 +10,7 @@ method. The order of the phases and the loop over iterations are defined once, i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +36,7 @@ from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.ptx import PtxSampler
 from rlhf_lib.ppo.update import ppo_epochs
 from rlhf_lib.ppo.vllm_engine import rollout_engine
+from rlhf_lib.rewards.combine import RewardSet, part_stats
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
@@ -45,7 +46,9 @@ class PPOTrainer:
     def __init__(self, models: PPOModels, prompts: Sequence[str], cfg: PPOConfig, max_prompt_tokens: int,
                  ptx_examples: Sequence[tuple[str, str]] = (), ptx_max_length: int = 128,
                  group: ProcessGroup | None = None, mixed_precision: str = "no",
-                 frozen_dtype: torch.dtype = torch.float32):
+                 frozen_dtype: torch.dtype = torch.float32, columns: Mapping[str, Mapping[str, Any]] | None = None):
+        # `columns`: the prompts' extra fields (e.g. the arithmetic task's `answer`) by prompt text, for the reward
+        # functions and endpoints of `cfg.rewards`.
         # `group`: the training processes (several under `accelerate launch`) and their device; None: this process
         # alone, on the GPU where there is one. Every model, rollout tensor and ptx batch lives on `self.device`.
         self.group = group or ProcessGroup()
@@ -79,7 +82,8 @@ class PPOTrainer:
             models.ref = None
         for frozen in filter(None, (models.ref, models.reward)):
             freeze(frozen)
-        self.rm_scores = RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer)
+        rm = None if models.reward is None else RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer)
+        self.rewards = RewardSet(cfg.rewards, rm, models.tokenizer, columns, cfg.score_batch_size)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -157,15 +161,19 @@ class PPOTrainer:
         with self.precision():
             parts = [self._score_rows(ro.query[i : i + n], ro.query_mask[i : i + n], ro.response[i : i + n],
                                       ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
-        ro.ref_logprobs, ro.values, ro.raw_scores = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
+            # The reward sources (the RM in chunks of the same rows, the text sources once for the batch); a source
+            # that fails fails the iteration here, before anything is updated.
+            scores = self.rewards(ro.prompts, ro.query, ro.query_mask, ro.response, ro.response_mask)
+        ro.ref_logprobs, ro.values = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
+        ro.raw_scores, ro.score_parts = scores.total, scores.parts
 
-    def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Reference log-probs (B, R), values (B, R) or None, raw RM scores (B,) of rows (query, query_mask,
-        response, response_mask)."""
+    def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Reference log-probs (B, R) and values (B, R) or None of rows (query, query_mask, response,
+        response_mask)."""
         with adapters_off(self.peft):
             ref_logprobs, _ = response_logprobs(self.reference, *args, temperature=self.cfg.temperature,
                                                 chunk=self.cfg.logprob_chunk)
-        return ref_logprobs, self.critic.values(self.models.policy, *args), self.rm_scores(*args)
+        return ref_logprobs, self.critic.values(self.models.policy, *args)
 
     @property
     def reference(self) -> PreTrainedModel:
@@ -185,11 +193,12 @@ class PPOTrainer:
         self.rm_offset = offset
         # A value model copied from the RM predicts raw scores; one built from SFT (or for an RM that reads other
         # token ids) starts at 0 and needs no shift.
-        if self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.models.reward_tokenizer is None:
+        if (self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.models.reward is not None
+                and self.models.reward_tokenizer is None):
             self.critic.offset = offset or 0.0
 
     def _rm_offset(self) -> float:
-        """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean raw score of
+        """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean summed score of
         `rm_offset_samples` responses of the SFT policy (= the frozen reference) to training prompts. Its own RNGs,
         so the training stream is the same with the offset on or off."""
         c, tok = self.cfg, self.models.tokenizer
@@ -197,8 +206,8 @@ class PPOTrainer:
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
             chunk = prompts[i : i + c.batch_size]
-            query, query_mask = (t.to(self.device) for t in
-                                 encode_prompts(tok, local_rows(chunk, self.group), self.max_prompt_tokens))
+            local = local_rows(chunk, self.group)
+            query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
             with adapters_off(self.peft), self.precision():
                 response, response_mask, _ = sample(
                     self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
@@ -206,7 +215,7 @@ class PPOTrainer:
                     shard=row_shard(self.group, len(chunk)),
                 )
             with self.precision():
-                total += float(self.rm_scores(query, query_mask, response, response_mask).sum())
+                total += float(self.rewards(local, query, query_mask, response, response_mask).total.sum())
         return self.group.sum([total])[0] / len(prompts)
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
@@ -235,6 +244,8 @@ class PPOTrainer:
         ro.advantages = masked_whiten(advantages, mask) if whiten else advantages
         kl = kl_stats(ro.logprobs, ro.ref_logprobs, mask)
         stats = advantage_stats(ro, advantages, kl, self.kl_ctl.value, score_stats, reward_stats)
+        if ro.score_parts:
+            stats.update(part_stats(ro.score_parts, self.rewards.weights))
         # The controller sees the KL of the samples it just shaped (Ziegler et al. 2019, eq. 2).
         self.kl_ctl.update(kl["kl_k1"], ro.batch_size)
         return stats

@@ -25,7 +25,9 @@ class Rollout:
     Filled by `score` (2. score):
         ref_logprobs:    (B, R) log pi_ref(token) at the same temperature.
         values:          (B, R) V(state before each response token) from the critic; None without one.
-        raw_scores:      (B,)   reward-model score of prompt + response, read at the last real token.
+        raw_scores:      (B,)   the weighted sum of the reward sources (ppo.rewards): the reward model's score is read
+                                at the last real token of prompt + response.
+        score_parts:     each source's raw (B,) score, by source name.
     Filled by `advantages` (3. rewards, 4. advantages):
         scores:          (B,)   the score that enters the reward (offset, EOS penalty, whitening, clip: shaping.py).
         rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last real token.
@@ -42,6 +44,7 @@ class Rollout:
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     raw_scores: torch.Tensor | None = None
+    score_parts: dict[str, torch.Tensor] | None = None
     scores: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
@@ -62,19 +65,22 @@ class Rollout:
         kw = {}
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
+            if isinstance(v, dict):  # score_parts
+                v = {k: t[idx] for k, t in v.items()}
             kw[name] = v[idx] if isinstance(v, torch.Tensor) else ([] if name == "prompts" else v)
         return Rollout(**kw)
 
 
 @dataclass
 class PPOModels:
-    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train. `ref` is None with
+    """The four models of RLHF-PPO. `ref` and `reward` are frozen; `policy` and `value` train. `reward` is None when
+    the reward comes from functions and endpoints only (`ppo.rewards`). `ref` is None with
     LoRA (the policy with its adapters off is the reference). `value` is None
     when the critic is a head on the policy (ppo.critic=shared) or there is none (grpo, rloo)."""
 
     policy: PreTrainedModel
     ref: PreTrainedModel | None
-    reward: PreTrainedModel
+    reward: PreTrainedModel | None  # None when no reward source is of kind model
     value: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's

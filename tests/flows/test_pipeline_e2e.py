@@ -190,3 +190,102 @@ def test_cli_refuses_a_bad_key_before_any_work():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "unknown config key 'ppo.kl_coeff'" in out.stderr
+
+
+LENGTH = {"name": "length", "kind": "function", "function": "rlhf_lib.rewards.builtin:length_target",
+          "params": {"target": 6}}
+
+
+def _with_rewards(tmp_path, *sources, name="rewards.yaml"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"ppo": {"rewards": list(sources)}}))  # JSON is YAML
+    return load_config("micro", str(path), [])
+
+
+def test_functions_only_skip_the_reward_stage(first, tmp_path, monkeypatch):
+    from flows.pipeline import rlhf
+
+    mod = tmp_path / "my_rewards.py"
+    mod.write_text("def short(prompts, completions, **_):\n    return [-len(c.split()) / 10 for c in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mine = {"name": "short", "kind": "function", "function": "my_rewards:short", "weight": 0.5}
+    cfg = _with_rewards(tmp_path, LENGTH, mine)
+    out = rlhf(config=cfg, pipeline="full")
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "skipped", "ppo": "ran", "eval": "ran"}
+    assert out["eval"]["reward_model_accuracy"] is None
+    assert {"reward_length_mean", "reward_length_mean_sft", "reward_short_mean", "reward_short_mean_sft"} <= set(
+        out["eval"])
+    client = MlflowClient()
+    ppo_run = client.get_run(out["stages"]["ppo"]["mlflow_run_id"])
+    assert {"objective/score/length", "objective/score/short_weighted"} <= set(ppo_run.data.metrics)
+    assert not any(k.startswith("rlhf.upstream.reward") for k in ppo_run.data.tags)
+    assert statuses(rlhf(config=cfg, pipeline="full"))["ppo"] == "cached"
+    # An edited reward function is a changed input: PPO and eval run again.
+    mod.write_text("def short(prompts, completions, **_):\n    return [-len(c) / 50 for c in completions]\n")
+    assert statuses(rlhf(config=cfg, pipeline="full")) == {"data": "cached", "sft": "cached", "reward": "skipped",
+                                                           "ppo": "ran", "eval": "ran"}
+
+
+def test_the_rm_and_a_length_function_together(first, tmp_path):
+    from flows.pipeline import rlhf
+
+    rm = {"name": "rm", "kind": "model", "model": first["stages"]["reward"]["model_uri"]}
+    out = rlhf(config=_with_rewards(tmp_path, rm, LENGTH | {"weight": 0.5}), pipeline="full")
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran", "eval": "ran"}
+    assert out["stages"]["reward"]["source"] == rm["model"]
+    metrics = MlflowClient().get_run(out["stages"]["ppo"]["mlflow_run_id"]).data.metrics
+    assert metrics["objective/score_raw"] == pytest.approx(
+        metrics["objective/score/rm"] + 0.5 * metrics["objective/score/length"], abs=1e-4)
+    assert {"reward_rm_mean", "reward_length_mean"} <= set(out["eval"])
+    assert out["eval"]["reward_model_accuracy"] is not None
+    with pytest.raises(ValueError, match="differs from ppo.rewards"):
+        rlhf(config=_with_rewards(tmp_path, rm, name="other.yaml"), pipeline="ppo",
+             reward_model="models:/rlhf-reward/999")
+
+
+@pytest.mark.slow
+def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, home, monkeypatch):
+    """`rlhf serve-reward` on the pipeline's RM, and PPO scoring through it (kind http, the reward stage skipped):
+    every sampled row's score equals the RM's in-process score of the same (prompt, completion) text. The text is
+    the protocol: a sampled token split that is not the tokenizer's own encoding of the text is scored as the text's
+    encoding (as with an RM that has its own tokenizer)."""
+    from flows.pipeline import rlhf
+    from rlhf_lib.model_dirs import load_scalar
+    from rlhf_lib.models import load_tokenizer
+    from rlhf_lib.rewards.base import TextBatch
+    from rlhf_lib.rewards.text_rm import TextRewardModel
+    from stages.tracking import download
+    from tests.flows.test_serve_reward import free_port, wait_healthy
+
+    rm_uri, port, token = first["stages"]["reward"]["model_uri"], free_port(), "e2e-secret-token"
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", rm_uri, "--port", str(port),
+                             "--device", "cpu", "--token-env", "E2E_RM_TOKEN"],
+                            env=env | {"RLHF_HOME": str(home), "E2E_RM_TOKEN": token},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}/health")
+        monkeypatch.setenv("E2E_RM_TOKEN", token)
+        http = {"name": "rm", "kind": "http", "url": f"http://127.0.0.1:{port}/score", "token_env": "E2E_RM_TOKEN",
+                "version": rm_uri}
+        served = rlhf(config=load_config("micro", str(_rewards_file(tmp_path, http)), ["ppo.rm_offset_samples=0"]),
+                      pipeline="ppo")
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    assert token not in out
+    assert statuses(served) == {"data": "cached", "sft": "cached", "reward": "skipped", "ppo": "ran"}
+    rm_dir = download(rm_uri)
+    local = TextRewardModel(load_scalar(rm_dir), load_tokenizer(rm_dir))
+    run_id = served["stages"]["ppo"]["mlflow_run_id"]
+    for it in (0, 1):
+        rows = json.loads(Path(download(f"runs:/{run_id}/samples/iter_{it:04d}.json")).read_text())
+        rows = [dict(zip(rows["columns"], r)) for r in rows["data"]] if "columns" in rows else rows
+        batch = TextBatch([r["prompt"] for r in rows], [r["response"] for r in rows], [r["finished"] for r in rows])
+        assert [r["score_raw"] for r in rows] == pytest.approx(local(batch), abs=1e-5)
+
+
+def _rewards_file(tmp_path, *sources, name="rewards.yaml"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"ppo": {"rewards": list(sources)}}))
+    return path

@@ -15,7 +15,7 @@ PRESETS = sorted(p.stem for p in (Path(__file__).parents[2] / "flows" / "presets
 def test_preset_is_a_valid_config(name):
     cfg = load_config(name, None, [])
     assert cfg.name == name
-    if name not in ("demo", "micro"):
+    if name not in ("demo", "micro", "arithmetic"):  # the built-in tasks on fresh tiny models
         assert cfg.model.name_or_path and cfg.data.preferences and cfg.data.eval_preferences
         assert not cfg.model.trust_remote_code  # no preset runs a checkpoint's code
 
@@ -28,3 +28,9 @@ def test_pretrained_presets_fit_one_gpu_and_cite_their_numbers(name):
     assert cfg.ppo.lr <= 3e-6 and cfg.sft.lr <= 2e-5
     text = (Path(__file__).parents[2] / "flows" / "presets" / f"{name}.yaml").read_text()
     assert "The N+ Implementation Details of RLHF with PPO" in text and "[TRL]" in text
+
+
+def test_the_arithmetic_preset_needs_no_reward_model():
+    cfg = load_config("arithmetic", None, [])
+    assert cfg.data.task == "arithmetic" and cfg.ppo.reward_model is None
+    assert [(r.kind, r.function) for r in cfg.ppo.rewards] == [("function", "rlhf_lib.rewards.builtin:exact_match")]

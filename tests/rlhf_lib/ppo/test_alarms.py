@@ -67,3 +67,15 @@ def test_a_flat_score_with_noise_is_not_reward_hacking():
     for it, (score, gold) in enumerate([(0.74, 0.39), (0.745, 0.35), (0.75, 0.32)]):
         fired = names(m, it, **{"objective/score_raw": score, "objective/gold": gold})
     assert fired == []
+
+
+def test_reward_hacking_when_the_sum_rises_and_one_source_falls():
+    sources = [{"name": "rm", "kind": "model"},
+               {"name": "fmt", "kind": "function", "function": "rlhf_lib.rewards.builtin:required_format"}]
+    m = AlarmMonitor(CFG.model_copy(update={"rewards": PPOConfig(rewards=sources).rewards}))
+    fired = [names(m, it, **{"objective/score_raw": 0.5 + 0.2 * it, "objective/score/rm": 0.6 + 0.3 * it,
+                             "objective/score/fmt": 0.9 - 0.1 * it}) for it in range(3)]
+    assert fired == [[], [], ["reward_hacking"]]  # over 3 iterations: sum +0.4, fmt -0.2 (both beyond 0.05)
+    steady = AlarmMonitor(CFG.model_copy(update={"rewards": PPOConfig(rewards=sources).rewards}))
+    assert [names(steady, it, **{"objective/score_raw": 0.5 + 0.2 * it, "objective/score/rm": 0.6 + 0.3 * it,
+                                 "objective/score/fmt": 0.9}) for it in range(3)] == [[], [], []]

@@ -1,0 +1,55 @@
+"""Reward functions named `package.module:function` in the config: import, call, check, and the digest of their
+source for the PPO cache key."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
+
+
+def import_function(spec: str, source: str) -> Callable[..., Any]:
+    """The callable `spec` (`package.module:function`); a `RewardError` naming `source` when it cannot be imported
+    or is not callable."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module's own code failing at import
+        raise RewardError(f"{source}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise RewardError(f"{source}: module {module_name!r} ({module.__file__}) has no attribute {attr!r}")
+    if not callable(fn):
+        raise RewardError(f"{source}: {spec} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def function_digest(spec: str, source: str) -> str:
+    """SHA-256 of the source file of the function's module: a change to the function (or its helpers in that file)
+    changes the PPO cache key. A function without a readable source file is hashed by its qualified name."""
+    fn = import_function(spec, source)
+    try:
+        text = inspect.getsource(inspect.getmodule(fn))
+    except (OSError, TypeError):
+        text = f"{fn.__module__}.{fn.__qualname__}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class FunctionReward:
+    """A `TextReward` calling fn(prompts, completions, finished=..., **columns, **params)."""
+
+    def __init__(self, spec: str, params: dict[str, Any], source: str):
+        self.fn, self.params, self.source = import_function(spec, source), dict(params), source
+
+    def __call__(self, batch: TextBatch) -> list[float]:
+        try:
+            values = self.fn(batch.prompts, batch.completions, finished=batch.finished, **batch.columns, **self.params)
+        except RewardError:
+            raise
+        except Exception as e:
+            raise RewardError(f"{self.source}: the function raised {type(e).__name__}: {e}") from e
+        return check_scores(values, len(batch), self.source)

@@ -1,0 +1,204 @@
+"""A reward source behind an HTTP endpoint: `POST url` with `TextBatch.to_json()`, answer `{"scores": [...]}` (the
+protocol of `rlhf serve-reward`; any server that speaks it will do).
+
+Transient failures (connection errors, timeouts, HTTP 5xx and 429) are tried again with exponential backoff, up to
+`retries` tries per request; any other 4xx fails at once: sending the same request again cannot fix it. Redirects are
+not followed, so the bearer token only ever goes to the configured host. The token is read from its environment
+variable on every call and is kept nowhere else: not in the object, its repr, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
+
+MAX_BACKOFF_S = 10.0
+EXCERPT_CHARS = 200
+_log = logging.getLogger(__name__)
+# RFC 6750 b64token: what a bearer token may hold. Anything else (a stray newline from `$(cat file)`) would make the
+# HTTP library raise an error that quotes the header, token included.
+_TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+
+
+class _RetryableStatus(Exception):
+    """An HTTP answer worth trying again (5xx, 429): raised inside the retry loop, turned into a RewardError after."""
+
+    def __init__(self, response: httpx.Response):
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HttpReward:
+    """A `TextReward` that asks an HTTP endpoint for one score per row.
+
+    `token_env`: the environment variable holding the bearer token (None: no Authorization header). `retries`: tries
+    per request (at least 1). `batch_size`: rows per request (None: the whole batch in one request).
+    """
+
+    def __init__(self, name: str, url: str, token_env: str | None = None, timeout_s: float = 30.0, retries: int = 3,
+                 verify_tls: bool = True, batch_size: int | None = None, backoff_s: float = 0.5):
+        self.name, self.url, self.token_env = name, url, token_env
+        self.timeout_s, self.retries, self.verify_tls, self.batch_size = timeout_s, retries, verify_tls, batch_size
+        self.backoff_s = backoff_s
+        self.source = f"reward {name!r} (http {url})"
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise RewardError(f"{self.source}: expected an http:// or https:// URL with a host, got {url!r}")
+        if retries < 1 or timeout_s <= 0 or (batch_size is not None and batch_size < 1):
+            raise RewardError(f"{self.source}: retries and batch_size must be >= 1 and timeout_s > 0, got "
+                              f"retries={retries}, batch_size={batch_size}, timeout_s={timeout_s}")
+        if token_env and parts.scheme == "http" and not _is_loopback(parts.hostname):
+            _log.warning("%s: the bearer token from $%s goes over plain http to %s; anyone on the path can read it "
+                         "(use https)", self.source, token_env, parts.hostname)
+        if not verify_tls and parts.scheme == "https":
+            _log.warning("%s: TLS certificate verification is off (verify_tls=False)", self.source)
+
+    def __repr__(self) -> str:
+        return (f"HttpReward(name={self.name!r}, url={self.url!r}, token_env={self.token_env!r}, "
+                f"timeout_s={self.timeout_s}, retries={self.retries}, verify_tls={self.verify_tls}, "
+                f"batch_size={self.batch_size})")
+
+    def __call__(self, batch: TextBatch) -> list[float]:
+        """One finite float per row of `batch`, in order; a `RewardError` naming this source on any failure."""
+        n = len(batch)
+        if n == 0:
+            return []
+        token = self._token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        step = self.batch_size or n
+        values: list[Any] = []
+        with httpx.Client(timeout=self.timeout_s, verify=self.verify_tls, follow_redirects=False) as client:
+            for start in range(0, n, step):
+                part = _rows(batch, start, min(start + step, n))
+                where = self.source if step >= n else f"{self.source}, rows {start}-{start + len(part) - 1}"
+                scores = self._scores(client, part, headers, where, token)
+                if not isinstance(scores, list):
+                    raise RewardError(f"{where}: \"scores\" is {type(scores).__name__}, expected a list of "
+                                      f"{len(part)} numbers")
+                if len(scores) != len(part):
+                    check_scores(scores, len(part), where)  # raises, naming both counts
+                values += scores
+        return check_scores(values, n, self.source)  # NaN and inf named by their row in the whole batch
+
+    def _token(self) -> str | None:
+        if not self.token_env:
+            return None
+        token = os.environ.get(self.token_env, "").strip()
+        if not token:
+            raise RewardError(f"{self.source}: environment variable {self.token_env} is not set (it must hold the "
+                              "bearer token of the endpoint)")
+        if not _TOKEN.match(token):
+            raise RewardError(f"{self.source}: environment variable {self.token_env} holds characters a bearer "
+                              "token cannot have (whitespace or a line break inside it?)")
+        return token
+
+    def _scores(self, client: httpx.Client, part: TextBatch, headers: dict[str, str], where: str,
+                token: str | None) -> Any:
+        """The `scores` value of one request's answer, after retries; a RewardError on any failure."""
+        try:  # encoded once, not on every try; a column value JSON cannot hold is named here, not as a TypeError
+            content = json.dumps(part.to_json())
+        except (TypeError, ValueError) as e:
+            raise RewardError(f"{where}: the batch cannot be sent as JSON: {e}") from None
+        headers = headers | {"Content-Type": "application/json"}
+        tries = 0
+
+        def post() -> httpx.Response:
+            nonlocal tries
+            tries += 1
+            response = client.post(self.url, content=content, headers=headers)
+            if response.status_code == 429 or response.status_code >= 500:
+                raise _RetryableStatus(response)
+            return response
+
+        def before_sleep(state: RetryCallState) -> None:
+            _log.warning("%s: %s (try %d of %d), retrying in %.1f s", where,
+                         _scrub(_describe(state.outcome.exception()), token), state.attempt_number, self.retries,
+                         state.next_action.sleep)
+
+        policy = Retrying(retry=retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
+                          stop=stop_after_attempt(self.retries), reraise=True, before_sleep=before_sleep,
+                          wait=wait_exponential(multiplier=self.backoff_s, max=MAX_BACKOFF_S))
+        try:
+            response = policy(post)
+        except httpx.TimeoutException:
+            raise RewardError(f"{where}: timed out after {_tries(tries)} of {self.timeout_s:g} s each "
+                              "(raise timeout_s, or make the endpoint faster)") from None
+        except (httpx.TransportError, _RetryableStatus) as e:
+            last = "answer" if isinstance(e, _RetryableStatus) else "error"
+            raise RewardError(_scrub(f"{where}: gave up after {_tries(tries)}; last {last}: {_describe(e)}", token)
+                              ) from None
+        return self._read(response, where, token)
+
+    def _read(self, response: httpx.Response, where: str, token: str | None) -> Any:
+        if not response.is_success:
+            hint = ""
+            if response.is_redirect:
+                hint = f" (redirects are not followed: use the final URL, {response.headers.get('location')})"
+            elif response.status_code in (401, 403):
+                hint = (f" (check the token in ${self.token_env})" if self.token_env
+                        else " (the endpoint wants a token: set token_env)")
+            raise RewardError(_scrub(f"{where}: {_describe_status(response)}{hint}", token))
+        try:
+            body = response.json()
+        except ValueError:
+            raise RewardError(_scrub(f"{where}: the answer is not JSON: {_excerpt(response)!r}", token)) from None
+        if not isinstance(body, dict) or "scores" not in body:
+            got = f"keys {sorted(body)}" if isinstance(body, dict) else type(body).__name__
+            raise RewardError(f"{where}: the answer has no \"scores\" field (expected {{\"scores\": [...]}}, got "
+                              f"{got})")
+        return body["scores"]
+
+
+def _rows(batch: TextBatch, start: int, stop: int) -> TextBatch:
+    """Rows [start, stop) of `batch`, columns included."""
+    return TextBatch(batch.prompts[start:stop], batch.completions[start:stop], batch.finished[start:stop],
+                     {k: v[start:stop] for k, v in batch.columns.items()})
+
+
+def _tries(n: int) -> str:
+    return f"{n} tr{'y' if n == 1 else 'ies'}"
+
+
+def _excerpt(response: httpx.Response) -> str:
+    text = " ".join(response.text.split())
+    return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+
+def _describe_status(response: httpx.Response) -> str:
+    excerpt = _excerpt(response)
+    return f"HTTP {response.status_code} {response.reason_phrase}" + (f": {excerpt}" if excerpt else "")
+
+
+def _describe(e: BaseException | None) -> str:
+    if isinstance(e, _RetryableStatus):
+        return _describe_status(e.response)
+    if isinstance(e, httpx.ConnectError):
+        return f"cannot connect ({e})"
+    if isinstance(e, httpx.TimeoutException):
+        return "timed out"
+    return f"request failed ({type(e).__name__}: {e})"
+
+
+def _scrub(text: str, token: str | None) -> str:
+    """`text` with the token replaced by `***`: a server that echoes the request's headers must not put it into an
+    error message or a log line."""
+    return text.replace(token, "***") if token else text

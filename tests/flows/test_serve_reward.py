@@ -1,0 +1,167 @@
+"""`rlhf serve-reward`: the app's protocol (auth, limits, errors) with a stand-in scorer, and the real server on a
+registered RM in a throwaway MLflow store, whose scores equal the in-process ones."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from flows.serve_reward import ServeError, make_app, serve
+from rlhf_lib.rewards import RewardError, TextBatch
+
+ROOT = Path(__file__).parent.parent.parent
+TOKEN = "test-token-123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BODY = {"prompts": ["p1", "p2"], "completions": ["a", "bcd"], "finished": [True, False], "columns": {"k": [1, 2]}}
+
+
+def length_scorer(batch: TextBatch) -> list[float]:
+    if "boom" in batch.completions:
+        raise RewardError("reward model x: row 0: no token to score")
+    return [float(len(c)) for c in batch.completions]
+
+
+@pytest.fixture()
+def client():
+    return TestClient(make_app(length_scorer, TOKEN, max_batch=3, model_name="models:/rlhf-reward/1",
+                               info={"digest": "abc"}))
+
+
+def test_health_needs_no_token(client):
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "model": "models:/rlhf-reward/1", "digest": "abc"}
+
+
+def test_scores(client):
+    r = client.post("/score", json=BODY, headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"scores": [1.0, 3.0]}
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"},
+                                     {"Authorization": TOKEN}])
+def test_token_required(client, headers):
+    r = client.post("/score", json=BODY, headers=headers)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert r.json() == {"detail": "missing or wrong bearer token (send Authorization: Bearer <token>)"}
+
+
+def test_too_many_rows(client):
+    body = {"prompts": ["p"] * 4, "completions": ["c"] * 4, "finished": [True] * 4}
+    r = client.post("/score", json=body, headers=AUTH)
+    assert r.status_code == 413 and r.json()["detail"].startswith("4 rows in one request; this server takes at most 3 "
+                                                                  "(--max-batch)")
+
+
+@pytest.mark.parametrize(("body", "status", "detail"), [
+    (b"{not json", 400, "the request body is not JSON: "),
+    (b'{"prompts": "p", "completions": ["c"]}', 422, "field 'prompts' must be a list of strings"),
+    (b'{"prompts": ["p"], "completions": ["c"], "finished": [1]}', 422, "field 'finished' must be a list of booleans"),
+    (b'{"prompts": ["p", "q"], "completions": ["c"]}', 422, "TextBatch: 2 prompts but {'completions': 1"),
+    (b'{"prompts": ["p"], "completions": ["boom"]}', 422, "reward model x: row 0: no token to score"),
+])
+def test_bad_requests_are_named(client, body, status, detail):
+    r = client.post("/score", content=body, headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == status and r.json()["detail"].startswith(detail)
+
+
+def test_no_docs_pages(client):
+    assert client.get("/docs").status_code == 404 and client.get("/openapi.json").status_code == 404
+
+
+def test_refuses_to_start_without_the_token_variable(monkeypatch):
+    monkeypatch.delenv("RLHF_TEST_NO_SUCH_TOKEN", raising=False)
+    with pytest.raises(ServeError) as e:
+        serve("models:/rlhf-reward/1", token_env="RLHF_TEST_NO_SUCH_TOKEN")  # refused before any MLflow look-up
+    assert "environment variable RLHF_TEST_NO_SUCH_TOKEN is not set" in str(e.value)
+    with pytest.raises(ServeError, match="empty token"):
+        make_app(length_scorer, "", 3, "m")
+
+
+def register_tiny_rm(home: Path, tiny_tokenizer) -> tuple[str, Path]:
+    """A tiny RM saved as the reward stage saves one and registered as `rlhf-reward` version 1 in the MLflow store
+    under `home`; returns its URI and the saved directory."""
+    import mlflow
+    import torch
+    from mlflow import MlflowClient
+
+    from rlhf_lib.model_dirs import save_model
+    from rlhf_lib.models import build_policy, build_scalar_model
+    from stages.tracking import setup_mlflow
+
+    rm = build_scalar_model(build_policy(tiny_tokenizer, n_layer=1, n_head=2, n_embd=32, n_positions=64), seed=1)
+    torch.manual_seed(1)
+    torch.nn.init.normal_(rm.score.weight, std=1.0)
+    saved = home / "saved-rm"
+    save_model(rm, tiny_tokenizer, saved)
+    before = mlflow.get_tracking_uri()
+    try:
+        experiment = setup_mlflow()
+        client = MlflowClient()
+        run = client.create_run(experiment)
+        client.log_artifacts(run.info.run_id, str(saved), "model")
+        client.create_registered_model("rlhf-reward")
+        client.create_model_version("rlhf-reward", source=f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+        client.set_terminated(run.info.run_id)
+    finally:
+        mlflow.set_tracking_uri(before)
+    return "models:/rlhf-reward/1", saved
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, limit_s: float = 240.0) -> dict:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}:\n{proc.stdout.read()}")
+        try:
+            return httpx.get(url, timeout=2).json()
+        except httpx.TransportError:
+            time.sleep(0.5)
+    raise AssertionError(f"no answer from {url} within {limit_s} s")
+
+
+@pytest.mark.slow
+def test_served_registered_rm_scores_as_in_process(tmp_path, monkeypatch, tiny_tokenizer):
+    from rlhf_lib.model_dirs import load_scalar
+    from rlhf_lib.models import load_tokenizer
+    from rlhf_lib.rewards.http import HttpReward
+    from rlhf_lib.rewards.text_rm import TextRewardModel
+
+    monkeypatch.setenv("RLHF_HOME", str(tmp_path))
+    uri, saved = register_tiny_rm(tmp_path, tiny_tokenizer)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {
+        "RLHF_HOME": str(tmp_path), "SERVE_TEST_TOKEN": TOKEN}
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", uri, "--port", str(port),
+                             "--device", "cpu", "--token-env", "SERVE_TEST_TOKEN", "--max-batch", "8"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        health = wait_healthy(proc, f"http://127.0.0.1:{port}/health")
+        assert health["status"] == "ok" and health["model"] == uri and health["source"] == uri
+        batch = TextBatch(["\n\nHuman: tell me about topic 3\n\nAssistant:", "\n\nHuman: hi\n\nAssistant:"] * 3,
+                          [" Sure, topic 3 is nice.", " Thanks", "", " topic", " nice. Thanks!", " Sure"],
+                          [True, False, True, True, False, True])
+        monkeypatch.setenv("JUDGE_TOKEN", TOKEN)
+        served = HttpReward("judge", f"http://127.0.0.1:{port}/score", token_env="JUDGE_TOKEN", batch_size=4)(batch)
+        local = TextRewardModel(load_scalar(saved), load_tokenizer(saved))(batch)
+        assert served == pytest.approx(local, abs=1e-5) and len(set(local)) == len(local)
+        monkeypatch.setenv("JUDGE_TOKEN", "wrong")
+        with pytest.raises(RewardError, match="HTTP 401"):
+            HttpReward("judge", f"http://127.0.0.1:{port}/score", token_env="JUDGE_TOKEN")(batch)
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=60)[0]
+    assert TOKEN not in out
