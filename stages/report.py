@@ -154,6 +154,12 @@ def metrics_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | N
         v = metrics.get(key)
         return with_interval(v, bounds.get(key)) if isinstance(v, float) and key in bounds else v
 
+    # Each reward source of ppo.rewards, when PPO had more than the RM alone (`reward_<name>_mean`).
+    sources = sorted(k.removeprefix("reward_").removesuffix("_mean_sft") for k in metrics
+                     if k.startswith("reward_") and k.endswith("_mean_sft") and k != "reward_mean_sft")
+    if sources:
+        pairs[1] = ("reward (weighted sum of the sources)", "reward_mean", "reward_mean_sft")
+    pairs += [(f"reward source {name}", f"reward_{name}_mean", f"reward_{name}_mean_sft") for name in sources]
     table = [{"metric": name, "PPO policy": value(a), "SFT": NO_JUDGE if value(a) == NO_JUDGE else value(b)}
              for name, a, b in pairs]
     return table + [{"metric": name, "PPO policy": value(k), "SFT": None} for name, k in SINGLE if k in metrics]

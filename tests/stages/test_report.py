@@ -18,6 +18,15 @@ def test_metrics_table_without_a_judge():
     assert rows["RM reward"] == {"metric": "RM reward", "PPO policy": 0.3, "SFT": 0.1}
 
 
+def test_metrics_table_has_a_row_per_reward_source():
+    metrics = USER_METRICS | {"reward_rm_mean": 0.5, "reward_rm_mean_sft": 0.2, "reward_length_mean": -0.4,
+                              "reward_length_mean_sft": -0.6, "reward_model_accuracy": 0.6}
+    rows = {r["metric"]: r for r in metrics_table(metrics)}
+    assert rows["reward (weighted sum of the sources)"]["PPO policy"] == 0.3
+    assert rows["reward source length"] == {"metric": "reward source length", "PPO policy": -0.4, "SFT": -0.6}
+    assert rows["reward source rm"]["SFT"] == 0.2 and "RM reward" not in rows
+
+
 def test_metrics_table_with_a_judge():
     metrics = USER_METRICS | {"gold_reward_mean": 0.5, "gold_reward_mean_sft": -0.5, "win_rate_vs_sft": 0.8}
     rows = {r["metric"]: r for r in metrics_table(metrics)}
