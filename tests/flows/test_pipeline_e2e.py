@@ -196,6 +196,13 @@ LENGTH = {"name": "length", "kind": "function", "function": "rlhf_lib.rewards.bu
           "params": {"target": 6}}
 
 
+def _intact_reward_model() -> str:
+    """The micro RM's URI as the cache now has it (an earlier test deletes the first version's weights)."""
+    from flows.pipeline import rlhf
+
+    return rlhf(config=load_config("micro", None, []), pipeline="reward")["stages"]["reward"]["model_uri"]
+
+
 def _with_rewards(tmp_path, *sources, name="rewards.yaml"):
     path = tmp_path / name
     path.write_text(json.dumps({"ppo": {"rewards": list(sources)}}))  # JSON is YAML
@@ -229,7 +236,7 @@ def test_functions_only_skip_the_reward_stage(first, tmp_path, monkeypatch):
 def test_the_rm_and_a_length_function_together(first, tmp_path):
     from flows.pipeline import rlhf
 
-    rm = {"name": "rm", "kind": "model", "model": first["stages"]["reward"]["model_uri"]}
+    rm = {"name": "rm", "kind": "model", "model": _intact_reward_model()}
     out = rlhf(config=_with_rewards(tmp_path, rm, LENGTH | {"weight": 0.5}), pipeline="full")
     assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran", "eval": "ran"}
     assert out["stages"]["reward"]["source"] == rm["model"]
@@ -257,7 +264,7 @@ def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, h
     from stages.tracking import download
     from tests.flows.test_serve_reward import free_port, wait_healthy
 
-    rm_uri, port, token = first["stages"]["reward"]["model_uri"], free_port(), "e2e-secret-token"
+    rm_uri, port, token = _intact_reward_model(), free_port(), "e2e-secret-token"
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", rm_uri, "--port", str(port),
                              "--device", "cpu", "--token-env", "E2E_RM_TOKEN"],
