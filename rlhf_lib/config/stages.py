@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from rlhf_lib.config.base import Section
 
@@ -20,6 +20,29 @@ def check_device(name: str) -> str:
     if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
         return name
     raise ValueError(f"expected auto, cpu, cuda or cuda:N (N a GPU index), got {name!r}")
+
+
+POOLED_STAGES = ("sft", "reward", "ppo", "eval")
+
+
+def check_work_pools(pools: dict[str, str]) -> dict[str, str]:
+    """Validator of `resources.work_pools`: stage -> Prefect work pool, for the stages that have a deployment."""
+    bad = sorted(set(pools) - set(POOLED_STAGES))
+    if bad:
+        raise ValueError(f"unknown stage(s) {bad}; a stage on a work pool is one of {list(POOLED_STAGES)}")
+    if empty := [k for k, v in pools.items() if not v.strip()]:
+        raise ValueError(f"empty work pool name for {empty}")
+    return pools
+
+
+def check_endpoint(endpoint: str | None) -> str | None:
+    """Validator of `resources.rdzv_endpoint`: `host:port` (the port is required: every node must use the same)."""
+    if endpoint is None:
+        return None
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port (e.g. node0.internal:29400), got {endpoint!r}")
+    return endpoint
 
 
 class SFTConfig(Section):
@@ -83,3 +106,28 @@ class ResourcesConfig(Section):
                                          "and RM training: less memory, one more forward pass per step.")
     memory_gb: float | None = Field(None, gt=0, description="Memory budget of one device for the preflight "
                                     "estimate (`rlhf plan`); null = the GPU's total memory, or no check on CPU.")
+    work_pools: Annotated[dict[str, str], AfterValidator(check_work_pools)] = Field(
+        {}, description="Stage -> Prefect work pool (sft, reward, ppo, eval), e.g. {ppo: gpu}: the `rlhf` flow runs "
+        "that stage through its deployment rlhf/<stage>, which must be on that pool, and waits for it; the other "
+        "stages run in the flow's own process. Artifacts travel through MLflow.")
+    pool_timeout_s: float = Field(600.0, gt=0, description="How long a stage sent to a work pool waits for a worker "
+                                  "to pick it up before failing with the pool's name (once running it has no limit).")
+    num_machines: int = Field(1, ge=1, description="Machines (nodes) of SFT, RM and PPO training, each with "
+                              "resources.num_processes processes; more than 1 needs resources.rdzv_endpoint and "
+                              "the same pipeline started on every node with its own resources.machine_rank.")
+    machine_rank: int = Field(0, ge=0, description="This node's rank, 0..num_machines-1. Node 0 logs, registers and "
+                              "caches; the others train with it and then take its results from MLflow.")
+    rdzv_endpoint: Annotated[str | None, AfterValidator(check_endpoint)] = Field(
+        None, description="host:port of node 0 where the nodes meet (torch's c10d TCPStore); the launch itself "
+        "uses the next port. Fixed, so that firewalls can open it.")
+    rdzv_timeout_s: float = Field(300.0, gt=0, description="How long the nodes wait for each other (to meet, "
+                                  "and in a collective: a node that dies mid-run fails the others within it).")
+
+    @model_validator(mode="after")
+    def _nodes(self) -> ResourcesConfig:
+        if self.machine_rank >= self.num_machines:
+            raise ValueError(f"resources.machine_rank {self.machine_rank} must be below resources.num_machines "
+                             f"{self.num_machines}")
+        if self.num_machines > 1 and self.rdzv_endpoint is None:
+            raise ValueError("resources.num_machines > 1 needs resources.rdzv_endpoint (host:port of node 0)")
+        return self
