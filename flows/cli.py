@@ -255,6 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     from benchmarks.cli import add_parser as add_bench
+    from flows.sweep_cli import add_parser as add_sweep
     from rlhf_lib.shapes import SHAPES
 
     presets = ", ".join(preset_names())
@@ -276,6 +277,7 @@ def parser() -> argparse.ArgumentParser:
                    "progress display)")
     r.set_defaults(fn=cmd_run)
     add_bench(sub)
+    add_sweep(sub)
     s = sub.add_parser("serve", help="serve the deployments rlhf/full, ppo, sft, reward, eval")
     s.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")
     s.set_defaults(fn=cmd_serve)

@@ -14,12 +14,13 @@ import sys
 from rlhf_lib.config import ConfigError
 from rlhf_lib.data import DataError
 from rlhf_lib.memory import MemoryBudgetError
+from flows.placement import PlacementError
 from rlhf_lib.rewards.base import RewardError
 from stages.launch import LaunchError
 from stages.net import ArtifactNotFound, ServiceUnreachable
 
 USER_ERRORS = (ConfigError, DataError, ArtifactNotFound, ServiceUnreachable, LaunchError, FloatingPointError,
-               RewardError)
+               RewardError, PlacementError)
 # What shrinks each stage's memory, largest savings first (see `rlhf_lib.memory` and `rlhf plan`).
 OOM_KEYS = {
     "sft": "sft.batch_size, sft.max_length, resources.gradient_checkpointing=true, resources.num_processes",

@@ -11,6 +11,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
+from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.intervals import split_intervals, with_interval
 from rlhf_lib.process import configure_process
@@ -98,6 +99,7 @@ def rlhf(
     sft_model: str | None = None,
     reward_model: str | None = None,
     preset: str | None = None,
+    local_only: bool = False,
 ) -> dict:
     """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
 
@@ -106,6 +108,8 @@ def rlhf(
     `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
     `preset` (the deployments set it): the keys `config` was given are merged onto that preset, so a partial config
     such as `{"ppo": {"lr": 1e-4}}` changes one key of the preset; without it `config` is used as it is.
+    A stage named in `resources.work_pools` runs on that pool through its deployment (`flows.placement`);
+    `local_only` (set on those runs) runs every stage here.
     """
     if preset is not None:
         from rlhf_lib.config.advice import tiny_defaults
@@ -130,6 +134,21 @@ def rlhf(
     last = STAGES.index(LAST_STAGE[pipeline])
     results: dict[str, StageResult] = {}
     eval_metrics: dict | None = None
+    placed: dict[str, Dispatched] = {}
+
+    def on_pool(stage: str) -> StageResult | None:
+        """The stage's result from its work pool, or None when it runs here."""
+        pool = None if local_only else config.resources.work_pools.get(stage)
+        if pool is None:
+            return None
+        pinned = {k: r.source or r.model_uri for k, r in results.items() if k in ("sft", "reward")}
+        placed[stage] = run_on_pool(stage, pool, config, force=stage in force, timeout_s=config.resources.pool_timeout_s,
+                                    sft_model=pinned.get("sft", sft_model), reward_model=pinned.get("reward", reward_uri))
+        for key, value in {"work_pool": pool, "flow_run": placed[stage].flow_run_id,
+                           "cache_hit": str(placed[stage].result.status == "cached").lower()}.items():
+            client.set_tag(parent_id, f"rlhf.{key}.{stage}", value)
+        return placed[stage].result
+
     try:
         # Models the user named are resolved first: a missing version fails before any work.
         reward_uri = reward_model_uri(config, reward_model) if last >= 3 else reward_model
@@ -140,15 +159,19 @@ def rlhf(
         needs_rm = last == 2 or config.ppo.reward_model is not None
         results["data"] = data_stage(config, ctx)
         if last >= 1:
-            results["sft"] = given.get("sft") or sft_stage(config, ctx, results["data"])
+            results["sft"] = given.get("sft") or on_pool("sft") or sft_stage(config, ctx, results["data"])
         if last >= 2 and needs_rm:
-            results["reward"] = given.get("reward") or reward_stage(config, ctx, results["data"], results["sft"])
+            results["reward"] = (given.get("reward") or on_pool("reward")
+                                 or reward_stage(config, ctx, results["data"], results["sft"]))
         reward = results.get("reward")
         if last >= 3:
-            results["ppo"] = ppo_stage(config, ctx, results["data"], results["sft"], reward)
+            results["ppo"] = on_pool("ppo") or ppo_stage(config, ctx, results["data"], results["sft"], reward)
         if last >= 4:
-            results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
-                                                       results["ppo"])
+            if result := on_pool("eval"):
+                results["eval"], eval_metrics = result, placed["eval"].metrics
+            else:
+                results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
+                                                           results["ppo"])
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise
@@ -157,16 +180,23 @@ def rlhf(
                            "reason": "no reward source of kind model in ppo.rewards"}}
                if last >= 3 and "reward" not in results else {})
     client.set_tag(parent_id, "rlhf.cache_hit", str(all_cached).lower())
-    client.set_terminated(parent_id, "FINISHED")
     summary = {
         "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
         "mlflow_experiment_id": experiment_id, "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
-        "stages": {k: results[k].summary() if k in results else skipped[k] for k in STAGES
+        "stages": {k: stage_summary(results[k], placed.get(k)) if k in results else skipped[k] for k in STAGES
                    if k in results or k in skipped},
         "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
     }
+    client.log_dict(parent_id, summary, "summary.json")  # what a flow run that sent a stage here reads back
+    client.set_terminated(parent_id, "FINISHED")
     _markdown(summary)
     return summary
+
+
+def stage_summary(result: StageResult, placed: Dispatched | None) -> dict:
+    """A stage's entry of the summary; a stage that ran on a work pool also names the pool and its flow run."""
+    out = result.summary()
+    return out | ({"work_pool": placed.pool, "flow_run_id": placed.flow_run_id} if placed else {})
 
 
 def _markdown(summary: dict) -> None:

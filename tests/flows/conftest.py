@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -20,3 +21,20 @@ def home(tmp_path_factory):
         os.environ.pop("RLHF_HOME", None)
     else:
         os.environ["RLHF_HOME"] = old
+
+
+@contextlib.contextmanager
+def local_services(state, **up_args):
+    """`rlhf up`'s services on free ports for one test module, stopped after; yields their URLs."""
+    from flows import services
+    from stages.net import free_port
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RLHF_PREFECT_PORT", str(free_port()))
+    mp.setenv("RLHF_MLFLOW_PORT", str(free_port()))
+    mp.delenv("PREFECT_HOME", raising=False)
+    try:
+        yield services.up(state, timeout_s=180, **up_args)
+    finally:
+        services.down(state)
+        mp.undo()

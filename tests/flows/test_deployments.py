@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows import services
 from flows.settings import load_config
-from stages.net import free_port
+from tests.flows.conftest import local_services
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -34,17 +33,8 @@ def readme_deployment_lines() -> list[str]:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     state = tmp_path_factory.mktemp("deployments")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RLHF_PREFECT_PORT", str(free_port()))
-    mp.setenv("RLHF_MLFLOW_PORT", str(free_port()))
-    mp.delenv("PREFECT_HOME", raising=False)
-    try:
-        urls = services.up(state, preset="micro", timeout_s=180)
-        env = {**os.environ, "PREFECT_API_URL": urls["prefect_api"], "RLHF_HOME": str(state)}
-        yield state, env
-    finally:
-        services.down(state)
-        mp.undo()
+    with local_services(state, preset="micro") as urls:
+        yield state, {**os.environ, "PREFECT_API_URL": urls["prefect_api"], "RLHF_HOME": str(state)}
 
 
 def _prefect(env: dict, line: str) -> subprocess.CompletedProcess:
