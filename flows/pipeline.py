@@ -122,13 +122,14 @@ def rlhf(
     configure_process(config.torch_threads)
     t0 = time.perf_counter()
     experiment_id = setup_mlflow()
-    client = RetryingClient()
+    # A follower node (resources.machine_rank > 0) trains with node 0 and logs nothing: node 0's runs are the record.
+    follower = config.resources.machine_rank > 0
+    client = NoParentRun() if follower else RetryingClient()
     name = flow_run.name or f"{pipeline}-{config.name}"
-    parent = client.create_run(experiment_id, run_name=name, tags={
+    parent_id = "" if follower else client.create_run(experiment_id, run_name=name, tags={
         "rlhf.pipeline": pipeline, "rlhf.config_hash": config_hash(config),
         "rlhf.prefect_flow_run_id": str(flow_run.id or ""),
-    })
-    parent_id = parent.info.run_id
+    }).info.run_id
     client.log_dict(parent_id, config.model_dump(), "config.json")
     ctx = RunContext(experiment_id=experiment_id, parent_run_id=parent_id, force=force)
     last = STAGES.index(LAST_STAGE[pipeline])
@@ -166,7 +167,7 @@ def rlhf(
         reward = results.get("reward")
         if last >= 3:
             results["ppo"] = on_pool("ppo") or ppo_stage(config, ctx, results["data"], results["sft"], reward)
-        if last >= 4:
+        if last >= 4 and not follower:  # the evaluation is node 0's
             if result := on_pool("eval"):
                 results["eval"], eval_metrics = result, placed["eval"].metrics
             else:
@@ -191,6 +192,13 @@ def rlhf(
     client.set_terminated(parent_id, "FINISHED")
     _markdown(summary)
     return summary
+
+
+class NoParentRun:
+    """The parent-run calls of a follower node: none (it creates no MLflow run; node 0's parent run is the record)."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
 
 
 def stage_summary(result: StageResult, placed: Dispatched | None) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,6 +22,9 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 MIXED_PRECISION = ("no", "bf16", "fp16")
+# Seconds a collective waits for the other processes before failing, set by the launcher of a multi-node stage
+# (`resources.rdzv_timeout_s`): without it gloo waits 30 minutes and NCCL 10 for a node that died.
+TIMEOUT_ENV = "RLHF_PROCESS_GROUP_TIMEOUT_S"
 
 
 def launched() -> bool:
@@ -47,7 +51,20 @@ def make_accelerator(mixed_precision: str = "no", cpu: bool = False) -> Accelera
         AcceleratorState._reset_state(reset_partial_state=True)
     # `cpu=True` without a GPU: a torchrun-launched group then joins over gloo (Accelerate's own multi-CPU
     # launcher needs MPI), and a single process stays on the CPU.
-    return Accelerator(mixed_precision=mixed_precision, cpu=not cuda)
+    return Accelerator(mixed_precision=mixed_precision, cpu=not cuda, kwargs_handlers=_group_options())
+
+
+def _group_options() -> list:
+    """The process group's timeout from `TIMEOUT_ENV`, when the launcher set one (the backends' default otherwise)."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    if not (seconds := os.environ.get(TIMEOUT_ENV)):
+        return []
+    timeout = timedelta(seconds=float(seconds))
+    default = InitProcessGroupKwargs().timeout
+    # Accelerate passes on only the fields that differ from its defaults: a timeout equal to its NCCL default
+    # would leave gloo at 30 minutes, so it is moved off it by a millisecond.
+    return [InitProcessGroupKwargs(timeout=timeout + timedelta(milliseconds=1) if timeout == default else timeout)]
 
 
 class ProcessGroup:

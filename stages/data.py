@@ -32,7 +32,7 @@ from rlhf_lib.data.sources import Source, hub_fingerprint
 from rlhf_lib.data.user import build_user_task
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
 from rlhf_lib.models import load_tokenizer
-from stages.base import RunContext, as_state, log_dataset, run_cached
+from stages.base import RunContext, as_state, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.manifest import dir_digest
 from stages.models_io import model_source_digest
@@ -154,6 +154,7 @@ def user_fingerprint(cfg: PipelineConfig) -> str:
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the built-in task (`data.task`: demo or arithmetic) deterministically from `data.seed`, or read and
     validate the user's data (`data.*` sources), and log the five files as versioned data sets."""
+    ctx = on_node(ctx, config.resources)  # on machine_rank > 0: node 0's data, once it is in MLflow
     if config.data.task == "arithmetic":  # the config refuses arithmetic with user data
         result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "arithmetic",
                                _build_arithmetic(config))

@@ -24,7 +24,7 @@ from rlhf_lib.ppo.retokenize import RewardScorer
 from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.rewards.combine import RewardSet
 from stages.artifact_cache import download
-from stages.base import RunContext, as_state, key_lock, log_dataset, run_cached
+from stages.base import RunContext, as_state, key_lock, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge, source_info
 from stages.ppo import prompt_columns, reward_code
@@ -124,6 +124,7 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                reward: StageResult | None, ppo: StageResult) -> tuple[StageResult, dict]:
     """Evaluate on held-out prompts; returns the stage result and the report's metrics. `reward` is None when no
     reward source of `ppo.rewards` is a model."""
+    ctx = on_node(ctx, config.resources)  # node 0 evaluates; another node waits for its report
     data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")

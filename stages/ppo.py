@@ -4,8 +4,8 @@ The loop itself is `rlhf_lib.ppo.loop`; this module adds what talks to Prefect a
 sink that logs the loop's events to the stage's MLflow run, and resuming an interrupted run (`stages.resume`). The
 tasks share one in-memory trainer and hand the rollout's tensors to each other directly: caching is off and nothing
 is persisted, so a task call costs milliseconds, and no model or tensor is ever JSON-encoded as a flow parameter.
-With `resources.num_processes > 1` the whole loop runs instead under `accelerate launch` as one task, `ppo-launch`,
-whose events this process logs as they come.
+With `resources.num_processes > 1`, or on several machines, the whole loop runs instead under `accelerate launch` as
+one task, `ppo-launch`, whose events this process logs as they come.
 """
 
 from __future__ import annotations
@@ -32,10 +32,21 @@ from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
 from rlhf_lib.rewards.functions import function_digest
 from stages.artifact_cache import download
-from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
+from stages.base import (
+    FollowerRun,
+    RunContext,
+    RunSink,
+    as_state,
+    launch_id_of,
+    log_dataset,
+    on_node,
+    pending_key,
+    run_cached,
+)
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge
 from stages.launch import default_config, run_job
+from stages.rendezvous import FollowerDone
 from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
 from stages.retry import transient
 from stages.tracking import StageRun
@@ -163,7 +174,8 @@ def prompt_columns(data_dir: Path, *keys: str) -> dict[str, dict[str, Any]]:
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
-        check_sizes(cfg.ppo, cfg.resources.num_processes)  # before any model is loaded or process launched
+        r = cfg.resources  # before any model is loaded or process launched; the batch is split over every node's
+        check_sizes(cfg.ppo, r.num_processes * r.num_machines)
         # Here, not before the look-up: a cache hit downloads no model.
         sft_dir = download(sft.artifact_uri, sft.digest)
         reward_dir = download(reward.artifact_uri, reward.digest) if reward is not None else None
@@ -185,18 +197,26 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
     return build
 
 
-def _train(cfg: PipelineConfig, run: StageRun, job: PPOJob) -> None:
+def _train(cfg: PipelineConfig, run: StageRun | FollowerRun, job: PPOJob) -> None:
     """The loop, resumed from the newest complete checkpoint of an interrupted run with this key if there is one: only
-    that one is downloaded, and the one before it only if it does not load (`stages.resume.attempts`)."""
-    found = resumable(run, run.run.data.tags["rlhf.cache_key_pending"])
+    that one is downloaded, and the one before it only if it does not load (`stages.resume.attempts`).
+
+    Across nodes the loop starts afresh: every node would have to load the same checkpoint, and which one node 0
+    takes is known only once it has tried them. A node with machine_rank > 0 stops after its launch
+    (`FollowerDone`)."""
+    r = cfg.resources
+    found = resumable(run, pending_key(run)) if r.num_machines == 1 else None
     try:
         for ckpt in attempts(run, found):
             job.resume = [str(ckpt)] if ckpt else []
             sink = PPORunSink(run, cfg.ppo.iterations, found.run_id if found else None, cfg.ppo.keep_checkpoints)
             try:
                 with tempfile.TemporaryDirectory(prefix="rlhf-ppo-") as tmp:
-                    if cfg.resources.num_processes > 1:
-                        launch_task(job, cfg, sink, Path(tmp))
+                    if r.num_processes > 1 or r.num_machines > 1:
+                        launch_task(job, cfg, sink, Path(tmp), launch_id_of(run))
+                        if r.machine_rank > 0:
+                            raise FollowerDone(f"ppo: machine_rank {r.machine_rank} trained with node 0, which "
+                                               "saves the policy")
                     else:
                         train_ppo(job, sink, Path(tmp), call=as_task)
                     sink.close()
@@ -208,14 +228,16 @@ def _train(cfg: PipelineConfig, run: StageRun, job: PPOJob) -> None:
 
 
 @task(name="ppo-launch", **_IN_MEMORY)
-def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Path) -> None:
+def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Path,
+                launch_id: str = "") -> None:
     """The whole PPO loop in `resources.num_processes` processes under `accelerate launch`: one task, since the
     per-phase tasks cannot span processes. PPO's processes are DDP processes (NCCL on GPUs, gloo on CPUs) whatever
     `resources.accelerate_config` says for SFT and RM (PPO keeps a full copy of every model per process). Its
     autocast is its own (`resources.mixed_precision`, around the forward passes of every phase), not
     Accelerate's, so that the rollout's log-probs and the update's come from the same numerics."""
     resources = cfg.resources.model_copy(update={"accelerate_config": default_config(cfg.resources.device)})
-    run_job(launched, job.to_dict(), resources, workdir, sink, cfg.torch_threads, mixed_precision="no")
+    run_job(launched, job.to_dict(), resources, workdir, sink, cfg.torch_threads, mixed_precision="no",
+            launch_id=launch_id)
 
 
 @flow(name="ppo", flow_run_name="ppo-{config.name}")
@@ -224,6 +246,7 @@ def ppo_stage(
 ) -> StageResult:
     """PPO against the frozen reward model and the other reward sources of `ppo.rewards` (`reward` is None when
     no source is a model), as a loop of rollout -> score -> gae -> update tasks."""
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
     data_dir = download(data.artifact_uri, data.digest)
     # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
     section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,

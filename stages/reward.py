@@ -28,7 +28,7 @@ from rlhf_lib.reward import score_texts
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
+from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge
 from stages.models_io import model_source_digest
@@ -69,7 +69,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                         step=0)
         model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
                                         RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs)),
-                                        cfg.torch_threads)
+                                        cfg.torch_threads, launch_id_of(run))
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         device = ProcessGroup(device=cfg.resources.device).device
         with autocast(device, cfg.resources.mixed_precision)():
@@ -92,6 +92,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
 @flow(name="reward", flow_run_name="reward-{config.name}")
 def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
     """Train the reward model on ranked lists; report pairwise accuracy on held-out pairs."""
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
     data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)

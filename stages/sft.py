@@ -23,7 +23,7 @@ from rlhf_lib.models import (
 )
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunContext, RunSink, as_state, log_dataset, run_cached
+from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
 from stages.models_io import model_source_digest
@@ -64,7 +64,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
         model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
                                         RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs)),
-                                        cfg.torch_threads)
+                                        cfg.torch_threads, launch_id_of(run))
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)
     return build
@@ -73,6 +73,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
 @flow(name="sft", flow_run_name="sft-{config.name}")
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
     data_dir = download(data.artifact_uri, data.digest)
     section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
     # The tokenizer is trained on these three files, the model on the first; a local pretrained model by content.

@@ -1,5 +1,5 @@
 """Training the supervised stages (SFT, reward model) in the stage's own process, or in several under `accelerate
-launch` (`stages.launch`): the same loop, the same numbers."""
+launch` (`stages.launch`), on one machine or several: the same loop, the same numbers."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rlhf_lib.events import Sink, metrics_log
 from rlhf_lib.model_dirs import save_model
 from rlhf_lib.models import build_policy, build_scalar_model
 from stages.launch import run_job
+from stages.rendezvous import FollowerDone
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -34,12 +35,16 @@ def numerics_section(resources: ResourcesConfig) -> dict[str, Any]:
 
 def train_supervised(kind: str, resources: ResourcesConfig, model: PreTrainedModel,
                      tokenizer: PreTrainedTokenizerBase, examples: list, train_cfg: BaseModel, sink: Sink,
-                     torch_threads: int = 1) -> tuple[PreTrainedModel, dict[str, float]]:
+                     torch_threads: int = 1, launch_id: str = "") -> tuple[PreTrainedModel, dict[str, float]]:
     """Train `model` with the `kind` ("sft" or "reward") loop, its metrics to `sink`; returns the trained model and
-    the final metrics. With `resources.num_processes > 1` the starting model is saved to a temporary directory,
-    trained there by the launched processes, and loaded back."""
+    the final metrics. With several processes or machines the starting model is saved to a temporary directory,
+    trained there by the launched processes, and loaded back.
+
+    On several machines every node calls this with the same `launch_id` (`stages.rendezvous`); node 0 returns the
+    model, a node with `resources.machine_rank` > 0 raises `FollowerDone` once its processes are through: the
+    trained weights are on node 0 only."""
     train, entry, load = LOOPS[kind]
-    if resources.num_processes == 1:
+    if resources.num_processes == 1 and resources.num_machines == 1:
         group = ProcessGroup(resources.mixed_precision, resources.device)
         final, _ = train(model, tokenizer, examples, train_cfg, metrics_log(sink), group,
                          resources.gradient_checkpointing)
@@ -50,6 +55,9 @@ def train_supervised(kind: str, resources: ResourcesConfig, model: PreTrainedMod
         job = {"config": train_cfg.model_dump(), "mixed_precision": resources.mixed_precision, "device": resources.device,
                "gradient_checkpointing": resources.gradient_checkpointing,
                "examples": [dataclasses.asdict(e) for e in examples]}
-        run_job(entry, job, resources, workdir, sink, torch_threads)
+        run_job(entry, job, resources, workdir, sink, torch_threads, launch_id=launch_id)
+        if resources.machine_rank > 0:
+            raise FollowerDone(f"{kind}: machine_rank {resources.machine_rank} trained with node 0, which saves "
+                               "the model")
         final = json.loads((workdir / "final.json").read_text())
         return load(workdir / "out", tokenizer), final

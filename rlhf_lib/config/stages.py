@@ -130,4 +130,8 @@ class ResourcesConfig(Section):
                              f"{self.num_machines}")
         if self.num_machines > 1 and self.rdzv_endpoint is None:
             raise ValueError("resources.num_machines > 1 needs resources.rdzv_endpoint (host:port of node 0)")
+        if self.num_machines > 1 and self.work_pools:
+            raise ValueError("resources.work_pools with resources.num_machines > 1: a stage sent to a pool runs as one "
+                             "node; start the pipeline on every node instead (a flow run per node, each with its "
+                             "machine_rank)")
         return self

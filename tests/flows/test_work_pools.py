@@ -139,9 +139,8 @@ def test_each_stage_runs_on_the_pool_it_names(cluster):
     assert list((cluster.state / "gpu-1" / ".rlhf" / "locks").glob("ppo-*.lock"))
     assert not list((cluster.state / "gpu-1" / ".rlhf" / "locks").glob("sft-*.lock"))
     # The eval, on cpu-1, found the PPO that gpu-1 trained in the cache: one cache across machines.
-    assert cluster.summary(eval_run["id"])["stages"]["ppo"] == {**stages["ppo"], "status": "cached",
-                                                                "seconds": pytest.approx(0, abs=30)} | {
-        k: v for k, v in cluster.summary(eval_run["id"])["stages"]["ppo"].items() if k == "seconds"}
+    found = cluster.summary(eval_run["id"])["stages"]["ppo"]
+    assert (found["status"], found["mlflow_run_id"]) == ("cached", stages["ppo"]["mlflow_run_id"])
 
 
 def test_a_pool_without_a_worker_fails_naming_the_pool(cluster):

@@ -68,12 +68,16 @@ def test_root_cause_is_the_first_worker_exception():
     assert root_cause(["ImportError: DeepSpeed is not installed"]) == "ImportError: DeepSpeed is not installed"
 
 
-def test_configs_are_found_and_multi_node_is_refused(tmp_path):
+def test_configs_are_found_and_a_multi_node_one_needs_as_many_machines(tmp_path):
     assert resolve_config(TWO).name == "cpu_gloo.yaml"
     with pytest.raises(FileNotFoundError, match="resources.accelerate_config: no file 'nope.yaml'"):
         resolve_config(ResourcesConfig(num_processes=2, accelerate_config="nope.yaml"))
-    with pytest.raises(ValueError, match="num_machines is 2"):
+    # A two-machine file with resources for one would have each node train alone: refused, naming both counts.
+    with pytest.raises(ValueError, match="num_machines is 2 but resources.num_machines is 1"):
         resolve_config(ResourcesConfig(num_processes=2, accelerate_config="ddp_multinode.yaml"))
+    nodes = dict(num_machines=2, machine_rank=1, rdzv_endpoint="10.0.0.1:29400")
+    for name in ("ddp_multinode.yaml", "cpu_gloo.yaml"):  # placement comes from resources, so one-machine files do
+        assert resolve_config(ResourcesConfig(accelerate_config=name, **nodes)).name == name
 
 
 def test_only_mixed_precision_enters_the_cache_key():
