@@ -5,7 +5,6 @@ only travel through MLflow).
 
 - `rlhf/full` on `cpu` with `resources.work_pools: {ppo: gpu, eval: cpu}`: the PPO flow run is taken by the `gpu`
   worker, the pipeline and the eval by the `cpu` one; lineage and the registry as in-process; a rerun is all cached.
-- A stage sent to a pool without a worker fails after `resources.pool_timeout_s`, naming the pool.
 - `rlhf sweep ppo` with 3 points runs them on 2 `cpu` workers (one run each at a time), in parallel, against the
   cached SFT and RM; the ranking is in MLflow and `champion` follows the best.
 
@@ -143,21 +142,9 @@ def test_each_stage_runs_on_the_pool_it_names(cluster):
     assert (found["status"], found["mlflow_run_id"]) == ("cached", stages["ppo"]["mlflow_run_id"])
 
 
-def test_a_pool_without_a_worker_fails_naming_the_pool(cluster):
-    cluster.stop_worker("gpu-1")
-    cmd = [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro",
-           "--set", "resources.work_pools.ppo=gpu", "--set", "resources.pool_timeout_s=5"]
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=cluster.state, env=cluster.env, capture_output=True, text=True, timeout=300)
-    took = time.perf_counter() - t0
-    print(f"no worker on gpu: failed after {took:.1f} s (pool_timeout_s 5)")
-    assert done.returncode == 2, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert "work pool 'gpu'" in last and "within 5 s" in last and "cancelled" in last, last
-
-
 def test_a_sweep_runs_its_points_in_parallel_on_two_workers(cluster):
     cluster.stop_worker("cpu-1")
+    cluster.stop_worker("gpu-1")
     cluster.start_worker("cpu-a", "cpu", limit=1)
     cluster.start_worker("cpu-b", "cpu", limit=1)
     cmd = [sys.executable, "-m", "flows.cli", "sweep", "ppo", "--preset", "micro",

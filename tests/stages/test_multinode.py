@@ -326,7 +326,7 @@ def test_a_follower_fails_when_node0_fails_or_never_publishes(tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path):
-    """`rlhf run ppo --preset micro` on two "nodes" (two processes, each its own state dir) sharing one MLflow store:
+    """`rlhf run reward --preset micro` (two stages trained across nodes, one after the other) on two "nodes" (two processes, each its own state dir) sharing one MLflow store:
     both complete with the same stage runs, and each stage has one MLflow run and one model version, node 0's."""
     import json
     import subprocess
@@ -346,7 +346,7 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
                    env=env | {"RLHF_HOME": str(tmp_path / "shared")})
     port = _ports()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro", "--json",
+        [sys.executable, "-m", "flows.cli", "run", "reward", "--preset", "micro", "--json",
          "--set", "resources.device=cpu", "--set", "resources.num_machines=2", "--set", f"resources.machine_rank={r}",
          "--set", f"resources.rdzv_endpoint=127.0.0.1:{port}", "--set", "resources.rdzv_timeout_s=120"],
         env=env | {"RLHF_HOME": str(tmp_path / f"node{r}"), "PREFECT_HOME": str(tmp_path / f"prefect{r}")},
@@ -355,9 +355,9 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     node0, node1 = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
-    for stage in ("data", "sft", "reward", "ppo"):
+    for stage in ("data", "sft", "reward"):
         assert node1["stages"][stage]["mlflow_run_id"] == node0["stages"][stage]["mlflow_run_id"], stage
-    assert [node1["stages"][s]["status"] for s in ("sft", "reward", "ppo")] == ["ran"] * 3  # node 1 trained too
+    assert [node1["stages"][s]["status"] for s in ("sft", "reward")] == ["ran"] * 2  # node 1 trained too
     mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     exp = client.get_experiment_by_name("rlhf").experiment_id
@@ -365,7 +365,7 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
         runs = mlflow.search_runs([exp], f"tags.`rlhf.stage` = '{stage}'", output_format="list")
         assert len(runs) == (stage in node0["stages"]), stage  # one run per stage: node 0's
         assert all(r.info.status == "FINISHED" for r in runs)
-    for name in ("rlhf-sft", "rlhf-reward", "rlhf-policy"):
+    for name in ("rlhf-sft", "rlhf-reward"):
         assert len(client.search_model_versions(f"name = '{name}'")) == 1, name
-    parents = mlflow.search_runs([exp], "tags.`rlhf.pipeline` = 'ppo'", output_format="list")
+    parents = mlflow.search_runs([exp], "tags.`rlhf.pipeline` = 'reward'", output_format="list")
     assert [r.info.run_id for r in parents] == [node0["mlflow_run_id"]] and node1["mlflow_run_id"] == ""
