@@ -31,6 +31,14 @@ import torch  # noqa: E402
 torch.set_num_threads(2)
 
 
+@pytest.fixture(autouse=True)
+def _no_tracking_uri_leak():
+    """Each test starts without MLFLOW_TRACKING_URI: `mlflow.set_tracking_uri` exports it, and a later test's `rlhf`
+    child process would log to the earlier test's store (and find its cache hits) instead of its own RLHF_HOME."""
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from rlhf_lib.models import train_tokenizer

@@ -332,7 +332,6 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
     import subprocess
     import sys
 
-    import mlflow
     from mlflow import MlflowClient
 
     from stages.base import ARTIFACT_DIR
@@ -358,14 +357,13 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
     for stage in ("data", "sft", "reward"):
         assert node1["stages"][stage]["mlflow_run_id"] == node0["stages"][stage]["mlflow_run_id"], stage
     assert [node1["stages"][s]["status"] for s in ("sft", "reward")] == ["ran"] * 2  # node 1 trained too
-    mlflow.set_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     exp = client.get_experiment_by_name("rlhf").experiment_id
     for stage in ARTIFACT_DIR:
-        runs = mlflow.search_runs([exp], f"tags.`rlhf.stage` = '{stage}'", output_format="list")
+        runs = client.search_runs([exp], f"tags.`rlhf.stage` = '{stage}'")
         assert len(runs) == (stage in node0["stages"]), stage  # one run per stage: node 0's
         assert all(r.info.status == "FINISHED" for r in runs)
     for name in ("rlhf-sft", "rlhf-reward"):
         assert len(client.search_model_versions(f"name = '{name}'")) == 1, name
-    parents = mlflow.search_runs([exp], "tags.`rlhf.pipeline` = 'reward'", output_format="list")
+    parents = client.search_runs([exp], "tags.`rlhf.pipeline` = 'reward'")
     assert [r.info.run_id for r in parents] == [node0["mlflow_run_id"]] and node1["mlflow_run_id"] == ""

@@ -22,9 +22,8 @@ CMD = [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro", "--
 
 
 def _env(home: Path) -> dict:
-    env = {**os.environ, "RLHF_HOME": str(home)}
-    env.pop("PREFECT_API_URL", None)
-    return env
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    return env | {"RLHF_HOME": str(home)}
 
 
 def _run(home: Path, *extra: str) -> dict:
