@@ -80,6 +80,21 @@ def pair_weights(better: torch.Tensor, worse: torch.Tensor, kind: str) -> torch.
     return (worse - better).float() if kind == "rank_distance" else None
 
 
+def closest_pair_weights(lists: Sequence[Sequence[str]]) -> torch.Tensor:
+    """Per-pair weights of the curriculum (`reward.curriculum_steps`): 1 for the pair of each list whose two
+    responses are fewest character edits (Levenshtein) apart, the first such pair on a tie, 0 for the others; in the
+    order of `ranked_pairs`. Example: ["ab", "xy", "ac"] -> pairs (0,1) (0,2) (1,2) at 2, 1, 2 edits -> [0, 1, 0].
+    Shape: (N_pairs,)."""
+    from rapidfuzz.distance import Levenshtein
+
+    out: list[float] = []
+    for responses in lists:
+        k = len(responses)
+        edits = [Levenshtein.distance(responses[i], responses[j]) for i in range(k) for j in range(i + 1, k)]
+        out.extend(float(n == edits.index(min(edits))) for n in range(len(edits)))
+    return torch.tensor(out)
+
+
 def _encode(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: int):
     rows = [encode_prompt_response(tokenizer, p, r, max_length)[0] for p, r in prompt_response]
     return pad_right(rows, tokenizer.pad_token_id)
@@ -127,8 +142,9 @@ def train_reward_model(
         ids, mask = _encode(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
         scores = training_scores(model, ids.to(group.device), mask.to(group.device))
         better, worse, list_of_pair = _pair_index(mb, group.device)
-        loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair,
-                                         pair_weights(better, worse, cfg.pair_weight))
+        weights = (closest_pair_weights([e.responses for e in mb]).to(group.device) if step < cfg.curriculum_steps
+                   else pair_weights(better, worse, cfg.pair_weight))
+        loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair, weights)
         loss, _ = global_share(group, loss, float(len(mb)) if real else 0.0, scores)
         loss_value, grad_norm = run.step(loss, sched, 1.0, "reward-model", step)
         n_pairs = sum(len(e.responses) * (len(e.responses) - 1) // 2 for e in mb) if real else 0

@@ -63,6 +63,10 @@ class RewardConfig(Section):
         "uniform", description="Weight of each pair in its list's loss: uniform (InstructGPT) or rank_distance "
         "(pairs ranked further apart, the surer labels of a noisy labeller, weigh more).")
     max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
+    curriculum_steps: int = Field(0, ge=0, description="First optimizer steps (of the same schedule) whose loss "
+                                  "covers only each list's closest pair, the two responses fewest character edits "
+                                  "apart: a pair that differs in one thing teaches that thing before the easy cues "
+                                  "(length, tone) win the gradient. 0 = every pair from the start.")
     init_from_sft: bool = Field(True, description="Start the reward model's backbone from the SFT model (unless "
                                 "reward.name_or_path is set).")
     seed: int = Field(0, description="Seed of data order and the scalar head.")

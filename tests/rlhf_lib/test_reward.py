@@ -4,7 +4,9 @@ import math
 
 import torch
 
-from rlhf_lib.reward import bradley_terry_loss, pair_weights, ranked_pairs
+from rlhf_lib.config import RewardConfig
+from rlhf_lib.data.records import RankedExample
+from rlhf_lib.reward import bradley_terry_loss, closest_pair_weights, pair_weights, ranked_pairs
 
 
 def test_ranked_pairs_cover_every_pair_best_first():
@@ -48,6 +50,39 @@ def test_rank_distance_weights():
     loss, _ = bradley_terry_loss(scores, better, worse, torch.zeros(3, dtype=torch.long), weights)
     sp = lambda x: math.log1p(math.exp(-x))  # noqa: E731  -log sigmoid(x)
     assert math.isclose(float(loss), (sp(0) + 3 * sp(-2)) / 4, rel_tol=1e-6)
+
+
+def test_closest_pair_weights_pick_the_fewest_edits_per_list():
+    # List 0: pairs (0,1) (0,2) (1,2): "chess" -> "yoga" 5 edits (4 substitutions, 1 deletion), "chess" -> "chest"
+    # 1, "yoga" -> "chest" 5 -> [0, 1, 0]. List 1: one pair -> [1]. List 2: every pair 1 edit, a tie -> the first.
+    lists = [[" Happy to help! chess", " Happy to help! yoga", " Happy to help! chest"], [" a", " completely else"],
+             ["a", "b", "c"]]
+    assert closest_pair_weights(lists).tolist() == [0, 1, 0, 1, 1, 0, 0]
+
+
+def test_curriculum_steps_train_on_the_closest_pair_only(tiny_tokenizer, tiny_policy):
+    # Lists whose far pair has the opposite label of what a length cue would say: the curriculum's first step must
+    # log the Bradley-Terry loss of the closest pair alone, the plain run the mean over all three pairs.
+    import copy
+
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.reward import _encode, train_reward_model, training_scores
+
+    ranked = [RankedExample("\n\nHuman: hi\n\nAssistant:", (" Sure, topic 1.", " Sure, topic 2.", " No."))]
+    rm = build_scalar_model(tiny_policy, seed=0)
+    torch.nn.init.normal_(rm.score.weight)
+    ids, mask = _encode(tiny_tokenizer, [(ranked[0].prompt, r) for r in ranked[0].responses], 64)
+    with torch.no_grad():
+        scores = training_scores(rm, ids, mask)
+    better, worse = ranked_pairs([3])
+    per_pair = -torch.nn.functional.logsigmoid(scores[better] - scores[worse])
+    assert closest_pair_weights([ranked[0].responses]).tolist() == [1, 0, 0]
+    for steps, expected in ((1, per_pair[0]), (0, per_pair.mean())):
+        logged = {}
+        train_reward_model(copy.deepcopy(rm), tiny_tokenizer, ranked,
+                           RewardConfig(epochs=1, batch_size=1, curriculum_steps=steps),
+                           lambda step, metrics: logged.setdefault(step, metrics))
+        assert math.isclose(logged[0]["reward/loss"], float(expected), rel_tol=1e-5), steps
 
 
 def test_training_scores_equal_sequence_scores_on_right_padded_rows(tiny_tokenizer, tiny_policy):
