@@ -29,7 +29,7 @@ demo: setup
 	$(BIN)/rlhf demo
 
 test: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: setup
 	$(BIN)/rlhf bench
