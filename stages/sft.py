@@ -8,7 +8,7 @@ import torch
 from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
-from rlhf_lib.data import read_prompts, read_ranked, read_sft
+from rlhf_lib.data import read_ranked, read_sft
 from rlhf_lib.data.collate import truncation_counts
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.devices import weights_dtype
@@ -32,13 +32,12 @@ from stages.tracking import StageRun
 
 
 def tokenizer_corpus(data_dir: Path):
-    """Every text of the task, so the BPE covers prompts, demonstrations and ranked responses alike."""
+    """Every training text of the task (prompts, demonstrations and ranked responses), none of the held-out
+    files: the tokenizer is fitted like the models, so eval prompts are encoded as unseen text would be."""
     for ex in read_sft(data_dir / FILE_NAMES["sft"]).rows:
         yield ex.prompt + ex.response
     for ex in read_ranked(data_dir / FILE_NAMES["preferences"]).rows:
         yield from (ex.prompt + r for r in ex.responses)
-    for ex in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows:
-        yield ex.prompt
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
