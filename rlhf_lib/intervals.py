@@ -41,6 +41,14 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE, seed:
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of `values`: sample std (n - 1) / sqrt(n); 0 for fewer than 2 values.
+
+    Example: [1, 2, 3] -> 1 / sqrt(3) = 0.57735."""
+    x = np.asarray(values, dtype=np.float64)
+    return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
 def win_indicators(a: Sequence[float], b: Sequence[float]) -> np.ndarray:
     """Per row: 1 where `a` beats `b`, 0.5 on a tie, 0 otherwise; their mean is the win rate. Shapes: (N,), (N,)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)

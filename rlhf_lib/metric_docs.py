@@ -29,6 +29,9 @@ PPO = (
     _m("objective/score/<name> objective/score/<name>_weighted", "each reward source's mean raw score, and times its "
        "weight (their sum is `objective/score_raw`)", "one source falling while the sum rises: the policy trades "
        "that source for the others (the reward_hacking alarm fires)"),
+    _m("objective/score_raw_sem objective/gold_sem objective/score/<name>_sem", "standard error of each of those "
+       "means over the rollout's responses (sample std / √batch): the noise the reward_hacking alarm's trends must "
+       "clear (`ppo.alarm_z`)", "as large as the trends you watch: the batch is too small to tell them from noise"),
     _m("objective/score", "mean score that enters the reward: raw minus the RM offset (SFT samples average 0), minus "
        "`ppo.missing_eos_penalty` where EOS is missing, then running-whitened and clipped when configured",
        "far below the raw score's trend: the EOS penalty is firing"),

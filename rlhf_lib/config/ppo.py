@@ -130,6 +130,9 @@ class PPOConfig(Section):
                               "diverging) is judged.")
     alarm_min_change: float = Field(0.05, ge=0, description="Reward hacking: the least trend (change over the "
                                     "window) in RM and gold score that counts as rising or falling.")
+    alarm_z: float = Field(3.0, ge=0, description="Reward hacking: a trend counts only beyond this many standard "
+                           "errors of it, from the sampling noise of each iteration's mean (0 = alarm_min_change "
+                           "alone).")
     alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
     stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
                                 "last completed iteration is registered.")

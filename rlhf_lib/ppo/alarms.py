@@ -15,7 +15,8 @@ report lists it, and `ppo.stop_on_alarm` ends the loop.
 - reward_hacking: over the last `alarm_window` iterations the score rises while the gold score falls (where a
   judge exists), while one of several reward sources falls (`ppo.rewards`), or while the mean length grows by more
   than half: the policy is exploiting the reward model (or trading one source for another).
-  Rise and fall are least-squares trends over the window of at least `alarm_min_change`, not noise.
+  Rise and fall are least-squares trends over the window, not noise: each must exceed `alarm_min_change` and
+  `alarm_z` standard errors of the trend, from the sampling noise of each iteration's mean (its `_sem` metric).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ RULES = {
     "entropy_collapse": "after `ppo.alarm_after` iterations, `policy/entropy` < `ppo.alarm_entropy_min`",
     "critic_lag": "after `ppo.alarm_after` iterations, `value/explained_variance` < `ppo.alarm_explained_variance_min`",
     "reward_hacking": "over the last `ppo.alarm_window` iterations `objective/score_raw` rises while `objective/gold` "
-                      "falls (each a least-squares trend of at least `ppo.alarm_min_change`), or one of several reward "
+                      "falls (each a least-squares trend beyond `ppo.alarm_min_change` and `ppo.alarm_z` standard "
+                      "errors of the trend, from the metric's `_sem`), or one of several reward "
                       "sources' `objective/score/<name>` falls, or the score rises while `response/length_mean` grows "
                       "by more than half",
 }
@@ -61,6 +63,19 @@ def _slope(values: list[float]) -> float:
     return sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum((i - mx) ** 2 for i in range(n))
 
 
+def trend_noise(sems: list[float]) -> float:
+    """Standard error of the least-squares change over a window (slope x (n - 1)) when each point is a mean with
+    standard error `sems[i]` and no trend: (n - 1) x sqrt(sum_i (x_i - mean x)^2 sem_i^2) / sum_i (x_i - mean x)^2.
+
+    Example: 3 points, each sem 0.1 -> x - mean x = -1, 0, 1 -> 2 x sqrt(0.02) / 2 = 0.14142."""
+    n = len(sems)
+    if n < 2:
+        return 0.0
+    mx = (n - 1) / 2
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    return (n - 1) * math.sqrt(sum((i - mx) ** 2 * s * s for i, s in enumerate(sems))) / sxx
+
+
 class AlarmMonitor:
     """Feed it each iteration's metrics; it returns the alarms that fire on that iteration."""
 
@@ -69,6 +84,7 @@ class AlarmMonitor:
         # With several reward sources, each one's raw score: a rising sum bought by a falling source is flagged.
         self.sources = [f"objective/score/{r.name}" for r in cfg.rewards] if len(cfg.rewards) > 1 else []
         keys = ("objective/score_raw", "objective/gold", "response/length_mean", *self.sources)
+        keys += tuple(f"{k}_sem" for k in keys if k != "response/length_mean")
         self.history: dict[str, deque[float]] = {k: deque(maxlen=cfg.alarm_window) for k in keys}
 
     def check(self, iteration: int, stats: dict[str, float]) -> list[Alarm]:
@@ -99,22 +115,35 @@ class AlarmMonitor:
         alarms += self._reward_hacking(iteration)
         return alarms
 
+    def _change(self, key: str) -> float | None:
+        """The least-squares change of `key` over a full window, or None while the window is filling."""
+        values = list(self.history[key])
+        return _slope(values) * (len(values) - 1) if len(values) == self.cfg.alarm_window else None
+
+    def _moves(self, key: str, sign: float = 1.0) -> bool:
+        """Whether `key`'s change over the window (times `sign`) exceeds both `alarm_min_change` and `alarm_z`
+        standard errors of the change (from the `<key>_sem` of each iteration; 0 where it is not logged)."""
+        change = self._change(key)
+        if change is None:
+            return False
+        sems = list(self.history[f"{key}_sem"])
+        noise = trend_noise(sems) if len(sems) == self.cfg.alarm_window else 0.0
+        return sign * change >= max(self.cfg.alarm_min_change, self.cfg.alarm_z * noise)
+
     def _reward_hacking(self, iteration: int) -> list[Alarm]:
         score, gold, length = (list(self.history[k]) for k in
                                ("objective/score_raw", "objective/gold", "response/length_mean"))
-        # Trends, not single-iteration noise: the least-squares change over the window must exceed a minimum.
-        span = self.cfg.alarm_window - 1
-        if len(score) < self.cfg.alarm_window or _slope(score) * span < self.cfg.alarm_min_change:
+        if not self._moves("objective/score_raw"):
             return []
-        if len(gold) == len(score) and _slope(gold) * span <= -self.cfg.alarm_min_change:
+        if self._moves("objective/gold", -1.0):
             return [Alarm("reward_hacking", iteration, f"RM score rising ({score[0]:.2f} -> {score[-1]:.2f}) while "
                                                        f"gold falls ({gold[0]:.2f} -> {gold[-1]:.2f})")]
         for key in self.sources:
-            part = list(self.history[key])
-            if len(part) == len(score) and _slope(part) * span <= -self.cfg.alarm_min_change:
+            if self._moves(key, -1.0):
+                part = list(self.history[key])
                 return [Alarm("reward_hacking", iteration, f"summed score rising ({score[0]:.2f} -> {score[-1]:.2f}) "
                                                            f"while {key} falls ({part[0]:.2f} -> {part[-1]:.2f})")]
-        if length[0] > 0 and length[-1] > 1.5 * length[0]:
+        if len(length) == len(score) and length[0] > 0 and length[-1] > 1.5 * length[0]:
             return [Alarm("reward_hacking", iteration, f"RM score rising while length grows "
                                                        f"{length[0]:.1f} -> {length[-1]:.1f} tokens")]
         return []

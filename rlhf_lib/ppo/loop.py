@@ -19,6 +19,7 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.devices import DTYPES, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Checkpoint, Metrics, Notice, Resumed, Sink, Table, Tags
+from rlhf_lib.intervals import standard_error
 from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
 from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.alarms import AlarmMonitor
@@ -95,6 +96,7 @@ def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[
     if judge is not None:
         gold = [judge(p, t) for p, t in zip(ro.prompts, decode_responses(tokenizer, ro.response, ro.response_mask))]
         stats["objective/gold"] = sum(gold) / len(gold)
+        stats["objective/gold_sem"] = standard_error(gold)
     if it % c.sample_every == 0 or it == iterations - 1:
         rows = sample_rows(ro, tokenizer, 8)
         if judge is not None:

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from rlhf_lib.intervals import standard_error
 from rlhf_lib.ppo.masked import masked_mean, masked_var
 from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
 from rlhf_lib.ppo.types import Rollout
@@ -56,6 +57,7 @@ def advantage_stats(ro: Rollout, advantages: Tensor, kl: dict[str, float], kl_co
         "objective/kl_coef": kl_coef,
         "objective/kl": kl["kl_k1"], "objective/kl_k2": kl["kl_k2"], "objective/kl_k3": kl["kl_k3"],
         "objective/score_raw": float(ro.raw_scores.float().mean()),
+        "objective/score_raw_sem": standard_error(ro.raw_scores.float().tolist()),
         "objective/score": reward_stats["score_mean"],
         "objective/score_clipfrac": score_stats["score_clipfrac"],
         "objective/non_score_reward": reward_stats["non_score_reward"],

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlhf_lib.config.rewards import RewardSource
+from rlhf_lib.intervals import standard_error
 from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
 from rlhf_lib.rewards.base import RewardError, TextBatch, TextReward, check_scores
 
@@ -105,4 +106,5 @@ def part_stats(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float]) 
         mean = float(values.float().mean())
         out[f"objective/score/{name}"] = mean
         out[f"objective/score/{name}_weighted"] = weights[name] * mean
+        out[f"objective/score/{name}_sem"] = standard_error(values.float().tolist())
     return out

@@ -3,7 +3,8 @@ from __future__ import annotations
 import math
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.ppo.alarms import AlarmMonitor, _slope
+from rlhf_lib.intervals import standard_error
+from rlhf_lib.ppo.alarms import AlarmMonitor, _slope, trend_noise
 
 CFG = PPOConfig(target_kl=3.0, alarm_kl_factor=4.0, max_new_tokens=32, alarm_window=3, alarm_after=2)
 HEALTHY = {"objective/kl": 3.0, "objective/score_raw": 0.5, "policy/entropy": 1.0, "value/explained_variance": 0.5,
@@ -67,6 +68,27 @@ def test_a_flat_score_with_noise_is_not_reward_hacking():
     for it, (score, gold) in enumerate([(0.74, 0.39), (0.745, 0.35), (0.75, 0.32)]):
         fired = names(m, it, **{"objective/score_raw": score, "objective/gold": gold})
     assert fired == []
+
+
+def test_trend_noise_and_standard_error_hand_cases():
+    # x - mean x = -1, 0, 1 and each sem 0.1: (n - 1) sqrt(0.01 + 0 + 0.01) / sum (x - mean x)^2 = 2 x 0.14142 / 2
+    assert math.isclose(trend_noise([0.1, 0.1, 0.1]), 0.141421, rel_tol=1e-5)
+    assert trend_noise([0.3]) == 0.0
+    assert math.isclose(standard_error([1.0, 2.0, 3.0]), 1 / math.sqrt(3))  # std (n-1) = 1
+
+
+def test_a_gold_drop_within_its_sampling_noise_is_not_reward_hacking():
+    # score +0.5 and gold -0.2 over 3 iterations. Gold's sem 0.15 per iteration: trend noise 0.2121, x 3 = 0.64 > 0.2:
+    # noise, no alarm. sem 0.02: noise 0.0283, x 3 = 0.085 < 0.2: the same drop is a trend and fires.
+    def run(gold_sem):
+        m = AlarmMonitor(CFG)
+        for it, (score, gold) in enumerate([(0.1, 0.5), (0.3, 0.4), (0.6, 0.3)]):
+            fired = names(m, it, **{"objective/score_raw": score, "objective/score_raw_sem": 0.02,
+                                    "objective/gold": gold, "objective/gold_sem": gold_sem})
+        return fired
+    assert run(0.15) == []
+    assert run(0.02) == ["reward_hacking"]
+    assert CFG.alarm_z == 3.0
 
 
 def test_reward_hacking_when_the_sum_rises_and_one_source_falls():
