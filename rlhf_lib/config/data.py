@@ -36,6 +36,11 @@ class DataConfig(Section):
         "(on <-> off the prompt's topic), ranked like the others, so the prompt-topic match shows as a contrast. "
         "At most responses_per_list / 2.",
     )
+    loop_twins: int = Field(
+        0, ge=0, description="Minimal pairs per ranked list after the topic twins: a response with a word caught in "
+        "a loop and the same response without it, so the loop shows as a contrast. 2 x (topic_twins + loop_twins) "
+        "<= responses_per_list.",
+    )
     rank_noise: float = Field(
         0.5, ge=0.0, description="Bradley-Terry noise of the labeller: Gumbel scale added to the gold score "
         "before ranking (0 = the gold order exactly).",
@@ -105,9 +110,10 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _twins_fit_the_list(self) -> "DataConfig":
-        if 2 * self.topic_twins > self.responses_per_list:
-            raise ValueError(f"data.topic_twins ({self.topic_twins}) needs 2 x topic_twins <= "
-                             f"data.responses_per_list ({self.responses_per_list}): a twin pair takes two places")
+        if 2 * (self.topic_twins + self.loop_twins) > self.responses_per_list:
+            raise ValueError(f"data.topic_twins ({self.topic_twins}) and data.loop_twins ({self.loop_twins}) need "
+                             f"2 x (topic_twins + loop_twins) <= data.responses_per_list "
+                             f"({self.responses_per_list}): a twin pair takes two places")
         return self
 
     @model_validator(mode="after")

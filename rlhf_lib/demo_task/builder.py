@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import re
+from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -20,6 +21,7 @@ from .responses import BROAD_MIX, SFT_MIX, ResponseSpec, sample_response
 from .slots import TOPIC_NAMES, held_out_combos, parse_topic, prompts_for, train_combos
 
 EVAL_PAIR_MARGIN = 0.5  # gold(chosen) - gold(rejected) of held-out pairs: clear preferences, not coin flips
+_LOOP = re.compile(r"\b(\w+)(?: \1\b)+")
 _MAX_DRAWS = 10_000  # resampling guard; the response space is far larger than any list, so it is never reached
 
 FILE_NAMES: dict[str, str] = {
@@ -67,7 +69,13 @@ def topic_twin(rng: random.Random, spec: ResponseSpec, text: str, prompt_topic: 
     return re.sub(rf"\b{spec.topic}\b", other, text)
 
 
-def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: int = 0) -> dict[str, Any]:
+def loop_twin(text: str) -> str:
+    """`text` with each word caught in a loop said once: "Join a a a local club." -> "Join a local club."."""
+    return _LOOP.sub(r"\1", text)
+
+
+def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: int = 0,
+                loop_twins: int = 0) -> dict[str, Any]:
     """K distinct responses in generation order, ranked best first by gold score + `noise` x Gumbel.
 
     The first 2 x `twins` responses are minimal pairs, a response then its `topic_twin`; the rest are drawn alone.
@@ -75,8 +83,8 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: in
     marginal is Bradley-Terry, P(i above j) = sigmoid((gold_i - gold_j) / noise). noise = 0 gives the gold order
     (ties broken by position).
     """
-    if 2 * twins > k:
-        raise ValueError(f"{twins} topic twins (2 responses each) do not fit in a list of {k}")
+    if 2 * (twins + loop_twins) > k:
+        raise ValueError(f"{twins} topic and {loop_twins} loop twins (2 responses each) do not fit in a list of {k}")
     topic = _topic(prompt)
     responses: list[str] = []
     draws = 0
@@ -84,8 +92,14 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: in
         draws += 1
         if draws > _MAX_DRAWS:
             raise RuntimeError(f"could not draw {k} distinct responses")
-        spec, text = sample_response(rng, BROAD_MIX, topic)
-        new = [text, topic_twin(rng, spec, text, topic)] if len(responses) < 2 * twins else [text]
+        if len(responses) < 2 * twins:
+            spec, text = sample_response(rng, BROAD_MIX, topic)
+            new = [text, topic_twin(rng, spec, text, topic)]
+        elif len(responses) < 2 * (twins + loop_twins):
+            _, text = sample_response(rng, replace(BROAD_MIX, repeat=1.0), topic)
+            new = [text, loop_twin(text)]
+        else:
+            new = [sample_response(rng, BROAD_MIX, topic)[1]]
         # Identical responses would be ties the labeller cannot order (and a text without its keyword has no twin).
         if len(set(new)) == len(new) and not set(new) & set(responses):
             responses.extend(new)
@@ -122,7 +136,7 @@ def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
     ]
     rng = _rng(seed, "preferences")
     prefs = [
-        ranked_list(rng, p, cfg.responses_per_list, cfg.rank_noise, cfg.topic_twins)
+        ranked_list(rng, p, cfg.responses_per_list, cfg.rank_noise, cfg.topic_twins, cfg.loop_twins)
         for p in train
         for _ in range(cfg.ranked_per_prompt)
     ]

@@ -16,8 +16,9 @@ Terms (they sum to the score, which lies in [-4.3, 3.15]; generator outputs most
   model learns "longer = better", and a policy that pushes length past the window loses gold score while its
   reward keeps rising. The best response (opener, 3 facts, closing) has ~19 words, ~28 tokens: it fits in
   max_new_tokens = 32, and a longer one risks being cut (see the ending term).
-- repetition: -0.6 per duplicated sentence plus -2.0 x the fraction of repeated word trigrams, at most -1.2. Catches
-  both verbatim repeats and the "chess chess chess" degeneration of a collapsed policy.
+- repetition: -0.5 per word said again right after itself, -0.6 per duplicated sentence and -2.0 x the fraction of
+  repeated word trigrams, at most -1.2. Catches a word caught in a loop ("a local local local club", the
+  generator's degenerate repetition), verbatim repeats and the "chess chess chess" collapse of a policy.
 - ending: +0.4 for a closing phrase ending in . ! or ?, +0.2 for any other final punctuation, -0.6 when the text
   stops without it (cut mid-sentence, e.g. a policy that hits max_new_tokens).
 
@@ -44,6 +45,7 @@ W_LONG_PER_WORD = 0.06
 MAX_LONG_PENALTY = 1.0
 W_SHORT_PER_WORD = 0.05
 MAX_SHORT_PENALTY = 0.5
+W_LOOPED_WORD = 0.5
 W_DUP_SENTENCE = 0.6
 W_REPEATED_TRIGRAMS = 2.0
 MAX_REPETITION_PENALTY = 1.2
@@ -61,6 +63,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _FACT_WORDS: dict[str, tuple[str, ...]] = {
     topic: tuple(" ".join(words(f)) for f in facts) for topic, facts in TOPICS.items()
 }
+
+
+def _unlooped(ws: list[str]) -> list[str]:
+    """`ws` with each run of one word read once: ["a", "b", "b", "b", "c"] -> ["a", "b", "c"]."""
+    return [w for i, w in enumerate(ws) if i == 0 or w != ws[i - 1]]
 
 
 def _has_phrase(padded: str, phrases: tuple[str, ...]) -> bool:
@@ -90,9 +97,11 @@ def _repetition_term(text: str, ws: list[str]) -> float:
     sentences = [" ".join(words(s)) for s in _SENTENCE_END.split(text)]
     sentences = [s for s in sentences if s]
     dup_sentences = len(sentences) - len(set(sentences))
+    looped = sum(a == b for s in sentences for a, b in zip(s.split(), s.split()[1:]))
     trigrams = list(zip(ws, ws[1:], ws[2:]))
     repeated = (len(trigrams) - len(set(trigrams))) / len(trigrams) if trigrams else 0.0
-    return 0.0 - min(MAX_REPETITION_PENALTY, W_DUP_SENTENCE * dup_sentences + W_REPEATED_TRIGRAMS * repeated)
+    penalty = W_LOOPED_WORD * looped + W_DUP_SENTENCE * dup_sentences + W_REPEATED_TRIGRAMS * repeated
+    return 0.0 - min(MAX_REPETITION_PENALTY, penalty)
 
 
 def _ending_term(text: str) -> float:
@@ -109,7 +118,8 @@ def gold_breakdown(prompt: str, response: str) -> dict[str, float]:
     response = response if isinstance(response, str) else ""
     topic = parse_topic(prompt)
     ws = words(response)
-    padded = " " + " ".join(ws) + " "
+    # A looped word still says its sentence: facts and markers are matched with the loop read once.
+    padded = " " + " ".join(_unlooped(ws)) + " "
     n_facts = sum(f" {f} " in padded for f in _FACT_WORDS[topic]) if topic else 0
     polite, rude = _has_phrase(padded, POLITE_MARKERS), _has_phrase(padded, RUDE_MARKERS)
     tone = (W_POLITE if polite else 0.0) + (W_RUDE if rude else 0.0)

@@ -1,8 +1,8 @@
 """The response generator: attributes a human cares about, sampled from a mix, rendered to text.
 
 A response is a list of sentences: an opener that sets the tone, an optional sentence naming the topic, 0-3 facts
-from the topic's fact bank, 0-2 generic padding sentences (length without content), optionally one sentence said
-twice, and an ending: a closing phrase, just the last sentence, or cut off mid-sentence. Off-topic responses follow
+from the topic's fact bank, 0-2 generic padding sentences (length without content), optionally one word caught in a
+loop (said three times in a row), and an ending: a closing phrase, just the last sentence, or cut off mid-sentence. Off-topic responses follow
 the same recipe for a different topic than the prompt's.
 
 Two mixes: `SFT_MIX` gives mediocre demonstrations (so RLHF has headroom above SFT) and `BROAD_MIX` covers the whole
@@ -34,6 +34,7 @@ CLOSINGS: tuple[str, ...] = ("Hope this helps.", "Good luck!", "Have fun!", "Enj
 TONE_NAMES: tuple[str, ...] = ("polite", "neutral", "rude")
 ENDINGS: tuple[str, ...] = ("closed", "plain", "cut")
 MAX_FACTS = 3
+LOOP_COPIES = 3
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class ResponseSpec:
     tone: str  # one of TONE_NAMES
     n_facts: int  # distinct facts of `topic`, 0..MAX_FACTS
     n_filler: int  # generic padding sentences
-    repeat: bool  # one content sentence appears twice
+    repeat: bool  # one word of a content sentence is caught in a loop: said LOOP_COPIES times in a row
     ending: str  # one of ENDINGS: closing phrase / last sentence / cut mid-sentence
 
 
@@ -62,7 +63,7 @@ class Mix:
 
 
 # Mediocre on average: half polite but a fifth rude, 30% off-topic, mostly 0-1 facts, some padding, a quarter with
-# a repeated sentence, a quarter cut off.
+# a looped word, a quarter cut off.
 SFT_MIX = Mix(
     tone=(0.5, 0.3, 0.2),
     on_topic=0.7,
@@ -118,9 +119,11 @@ def render(spec: ResponseSpec, rng: random.Random) -> str:
     fillers = rng.sample(FILLERS, min(spec.n_filler, len(FILLERS)))
     for filler in fillers:  # padding goes anywhere among the content sentences
         content.insert(rng.randint(0, len(content)), filler)
-    if spec.repeat:  # degenerate repetition: a sentence said again right after itself
+    if spec.repeat:  # degenerate repetition: a word said again right after itself, as a sampling LM loops
         i = rng.randrange(len(content))
-        content.insert(i + 1, content[i])
+        ws = content[i].split()
+        j = rng.randrange(max(1, len(ws) - 1))  # not the last word, which carries the sentence's punctuation
+        content[i] = " ".join(ws[:j] + [ws[j]] * LOOP_COPIES + ws[j + 1:])
     sentences = ([opener] if opener else []) + content
     if spec.ending == "closed":
         sentences.append(rng.choice(CLOSINGS))

@@ -6,11 +6,12 @@ The micro preset itself cannot learn; it checks wiring. Its 1-layer, 32-wide mod
 EOS, its 12-token responses are always cut, and a reward model of that size orders only ~0.6 of held-out pairs: with
 longer SFT, RM and PPO runs but micro's model, PPO hacks the proxy (measured: RM win rate 1.0, gold -1.06 vs -0.81
 for SFT). The overrides give SFT enough steps to write whole answers that end, a 2-layer, 64-wide model, 4x the
-ranked lists, and a KL penalty that keeps PPO near what the reward model knows.
+ranked lists, and a KL penalty that keeps PPO near what the reward model knows. With 8 SFT epochs instead of 12, one
+seed of three wrote responses that ran to the 32-token limit (SFT length 31.8, PPO's win rate 0.53).
 
-The margins come from the measured spread (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`): win rate 0.828,
-0.906, 0.828 (mean 0.854, sd 0.045); gold gain over SFT 0.45, 0.75, 0.66 (mean 0.62, sd 0.15). Each seed must clear
-the mean minus three standard deviations: win rate > 0.7, gold gain > 0.15.
+The margins come from the measured spread (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`): win rate 0.891,
+0.906, 0.844 (mean 0.880, sd 0.033); gold gain over SFT 0.80, 0.61, 0.59 (mean 0.67, sd 0.12). Each seed must clear
+about the mean minus three standard deviations: win rate > 0.75, gold gain > 0.3.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ LEARN = [
     "model.n_layer=2",
     "model.n_head=4",
     "model.n_embd=64",
-    "sft.epochs=8",
+    "sft.epochs=12",
     "sft.lr=0.003",  # enough SFT steps to write whole responses and EOS
     "reward.epochs=2",
     "reward.lr=0.002",
@@ -47,5 +48,5 @@ def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
     result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
     for seed, summary in result["seeds"].items():
         ev = summary["eval"]
-        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.15, (seed, ev)
-        assert ev["win_rate_vs_sft"] > 0.7, (seed, ev)
+        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.3, (seed, ev)
+        assert ev["win_rate_vs_sft"] > 0.75, (seed, ev)

@@ -28,6 +28,8 @@ from rlhf_lib.demo_task import (
     summarize,
     train_combos,
 )
+from rlhf_lib.demo_task import judge
+from rlhf_lib.demo_task.builder import loop_twin
 from rlhf_lib.demo_task.slots import words
 
 SMALL = dict(n_train_prompts=40, n_eval_prompts=12, sft_per_prompt=2, ranked_per_prompt=2, responses_per_list=4,
@@ -175,6 +177,28 @@ def test_topic_twins_are_ranked_like_the_others(tmp_path: Path) -> None:
     assert 0.8 < summarize(build(tmp_path, "v", topic_twins=2))["label_agreement"] < 1.0
 
 
-def test_topic_twins_must_fit_the_list() -> None:
+def test_loop_twins_differ_only_in_the_loop(tmp_path: Path) -> None:
+    # topic_twins=2, loop_twins=1, K=6: responses (4, 5) are a response with a word said three times in a row and the
+    # same response with it said once; the judge's repetition term is all that tells them apart (and the loop's
+    # words of length, inside the ideal window or past it).
+    for row in lines(build(tmp_path, "l", responses_per_list=6, topic_twins=2, loop_twins=1)["preferences"]):
+        r = row["responses"]
+        assert len(set(r)) == 6
+        looped, once = words(r[4]), words(r[5])
+        extra = len(looped) - len(once)  # 2, or 1 where a cut ending kept two of the three copies
+        assert extra in (1, 2) and loop_twin(r[4]) == r[5]
+        ga, gb = gold_breakdown(row["prompt"], r[4]), gold_breakdown(row["prompt"], r[5])
+        assert ga["repetition"] == -extra * judge.W_LOOPED_WORD and gb["repetition"] == 0.0
+        assert {k for k in ga if ga[k] != gb[k]} <= {"repetition", "length"}
+
+
+def test_loop_twin_reads_each_loop_once() -> None:
+    assert loop_twin(" Join a a a local club. It It depends. Okay.") == " Join a local club. It depends. Okay."
+    assert loop_twin(" Many people like it. It depends.") == " Many people like it. It depends."  # no loop
+
+
+def test_twins_must_fit_the_list() -> None:
     with pytest.raises(ValueError, match="topic_twins"):
         DataConfig(responses_per_list=3, topic_twins=2)
+    with pytest.raises(ValueError, match="loop_twins"):
+        DataConfig(responses_per_list=4, topic_twins=1, loop_twins=2)

@@ -74,6 +74,18 @@ def test_repetition_is_penalised() -> None:
     assert gold_breakdown(PROMPT, " chess chess chess chess chess chess chess")["repetition"] == -judge.MAX_REPETITION_PENALTY
 
 
+def test_a_looped_word_is_penalised_and_still_says_its_sentence() -> None:
+    looped = f" Happy to help! {F[0]} Join a local local local chess club. Good luck!"
+    said_once = f" Happy to help! {F[0]} Join a local chess club. Good luck!"
+    assert F[2] == "Join a local chess club."
+    parts = gold_breakdown(PROMPT, looped)
+    assert parts["repetition"] == -2 * judge.W_LOOPED_WORD  # two words said again right after themselves
+    assert parts["detail"] == gold_breakdown(PROMPT, said_once)["detail"] == 1.0  # the looped fact still counts
+    assert g(said_once) - g(looped) == 2 * judge.W_LOOPED_WORD
+    # A word that ends one sentence and starts the next is no loop: "... like it. It depends."
+    assert gold_breakdown(PROMPT, f" {F[0]} Many people like it. It depends.")["repetition"] == 0.0
+
+
 def test_truncation_is_penalised() -> None:
     cut = f" Happy to help! {F[0]} {F[1]} Join a local chess"
     plain = f" Happy to help! {F[0]} {F[1]}"
