@@ -78,7 +78,8 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: in
                 loop_twins: int = 0) -> dict[str, Any]:
     """K distinct responses in generation order, ranked best first by gold score + `noise` x Gumbel.
 
-    The first 2 x `twins` responses are minimal pairs, a response then its `topic_twin`; the rest are drawn alone.
+    The first 2 x `twins` responses are minimal pairs, a response then its `topic_twin`; the next 2 x `loop_twins`
+    are a response with a looped word then its `loop_twin`; the rest are drawn alone.
     Sorting Gumbel-perturbed scores samples a Plackett-Luce ranking with weights exp(gold / noise); each pair's
     marginal is Bradley-Terry, P(i above j) = sigmoid((gold_i - gold_j) / noise). noise = 0 gives the gold order
     (ties broken by position).

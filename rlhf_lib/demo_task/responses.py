@@ -2,8 +2,8 @@
 
 A response is a list of sentences: an opener that sets the tone, an optional sentence naming the topic, 0-3 facts
 from the topic's fact bank, 0-2 generic padding sentences (length without content), optionally one word caught in a
-loop (said three times in a row), and an ending: a closing phrase, just the last sentence, or cut off mid-sentence. Off-topic responses follow
-the same recipe for a different topic than the prompt's.
+loop (said three times in a row), and an ending: a closing phrase, just the last sentence, or cut off mid-sentence.
+Off-topic responses follow the same recipe for a different topic than the prompt's.
 
 Two mixes: `SFT_MIX` gives mediocre demonstrations (so RLHF has headroom above SFT) and `BROAD_MIX` covers the whole
 range of quality (so the reward model sees good and bad responses side by side).
