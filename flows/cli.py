@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from flows.settings import load_config, preset_names
@@ -322,10 +324,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (`kill`, a scheduler's cancel) unwinds like Ctrl-C instead of ending the process on the spot: `finally`
+    blocks and atexit handlers run, so Prefect's temporary server and launched training processes stop with us."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows.errors import user_error
 
     args = parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
         return args.fn(args)
     except Exception as e:
@@ -334,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rlhf: {message}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -67,3 +67,35 @@ def test_a_missing_model_version_is_named_before_any_work(tmp_path):
 def test_debug_shows_the_traceback(tmp_path):
     out = _run("--debug", "run", "full", "--set", "ppo.kl_coeff=1")
     assert out.returncode != 0 and "Traceback" in out.stderr and "ConfigError" in out.stderr
+
+
+def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
+    # `kill` of a run must not leave Prefect's temporary server (a child process) running, orphaned to PID 1: the
+    # run unwinds on SIGTERM, its atexit handlers stop the server, and it exits with 128 + 15.
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    with open(tmp_path / "stderr.log", "w") as log:  # not a pipe: an orphaned server would hold it open
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "full", "--preset", "micro"],
+                                env=env | {"RLHF_HOME": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("prefect" in " ".join(c.cmdline()) for c in children):
+            assert proc.poll() is None and time.monotonic() < deadline, "no temporary Prefect server appeared"
+            time.sleep(0.5)
+            try:
+                children = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.Error:
+                children = []
+        time.sleep(2)
+        proc.terminate()
+        assert proc.wait(timeout=120) == 128 + 15
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [c.cmdline() for c in alive]
+    finally:
+        for p in [proc, *children]:
+            try:
+                p.kill()
+            except (OSError, psutil.Error):
+                pass
