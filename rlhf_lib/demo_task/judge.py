@@ -97,7 +97,7 @@ def _repetition_term(text: str, ws: list[str]) -> float:
     sentences = [" ".join(words(s)) for s in _SENTENCE_END.split(text)]
     sentences = [s for s in sentences if s]
     dup_sentences = len(sentences) - len(set(sentences))
-    looped = sum(a == b for s in sentences for a, b in zip(s.split(), s.split()[1:]))
+    looped = sum(len(s.split()) - len(_unlooped(s.split())) for s in sentences)
     trigrams = list(zip(ws, ws[1:], ws[2:]))
     repeated = (len(trigrams) - len(set(trigrams))) / len(trigrams) if trigrams else 0.0
     penalty = W_LOOPED_WORD * looped + W_DUP_SENTENCE * dup_sentences + W_REPEATED_TRIGRAMS * repeated
