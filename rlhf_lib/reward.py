@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_lib.config import RewardConfig
-from rlhf_lib.data.collate import encode_prompt_response, pad_right
+from rlhf_lib.data.collate import encode_prompt_response, pad_right, token_budget_split
 from rlhf_lib.data.records import PairExample, RankedExample
 from rlhf_lib.devices import module_device
 from rlhf_lib.distributed import ProcessGroup
@@ -95,9 +95,12 @@ def closest_pair_weights(lists: Sequence[Sequence[str]]) -> torch.Tensor:
     return torch.tensor(out)
 
 
+def _rows(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: int) -> list[list[int]]:
+    return [encode_prompt_response(tokenizer, p, r, max_length)[0] for p, r in prompt_response]
+
+
 def _encode(tokenizer, prompt_response: Sequence[tuple[str, str]], max_length: int):
-    rows = [encode_prompt_response(tokenizer, p, r, max_length)[0] for p, r in prompt_response]
-    return pad_right(rows, tokenizer.pad_token_id)
+    return pad_right(_rows(tokenizer, prompt_response, max_length), tokenizer.pad_token_id)
 
 
 def training_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -106,6 +109,29 @@ def training_scores(model: PreTrainedModel, input_ids: torch.Tensor, attention_m
     head pools at the rightmost non-PAD token, which is the last real token since PAD never occurs in text.
     Shape: (B, T) -> (B,)."""
     return model(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)).logits.squeeze(-1)
+
+
+def batch_scores(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: int, budget: int | None,
+                 device: torch.device) -> torch.Tensor:
+    """`training_scores` of token rows, in their order. With a token `budget` the rows are sorted by length and cut
+    into forwards of at most `budget` padded tokens (`token_budget_split`), so short rows do not pay for a long row's
+    padding; every forward stays in the graph for one backward over the whole batch, whose pairs cross the forwards.
+    The scores are those of one forward: padding is on the right and a row never attends to it.
+
+    Example: rows of 9, 2 and 8 tokens with budget 16 -> forwards [2, 8] (2 x 8 = 16 tokens) and [9] (9), against
+    3 x 9 = 27 in one forward. Shape: N rows -> (N,).
+    """
+    if budget is None:
+        ids, mask = pad_right(rows, pad_id)
+        return training_scores(model, ids.to(device), mask.to(device))
+    lengths = [len(r) for r in rows]
+    parts = token_budget_split(lengths, lengths, budget)
+    scores = []
+    for part in parts:
+        ids, mask = pad_right([rows[i] for i in part], pad_id)
+        scores.append(training_scores(model, ids.to(device), mask.to(device)))
+    order = torch.tensor([i for part in parts for i in part], device=device)
+    return torch.cat(scores)[torch.argsort(order)]
 
 
 def _pair_index(batch: Sequence[RankedExample], device: torch.device):
@@ -139,8 +165,8 @@ def train_reward_model(
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
         mb, real = shard(batch, group.rank, group.world)
-        ids, mask = _encode(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
-        scores = training_scores(model, ids.to(group.device), mask.to(group.device))
+        rows = _rows(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
+        scores = batch_scores(model, rows, tokenizer.pad_token_id, cfg.micro_batch_tokens, group.device)
         better, worse, list_of_pair = _pair_index(mb, group.device)
         weights = (closest_pair_weights([e.responses for e in mb]).to(group.device) if step < cfg.curriculum_steps
                    else pair_weights(better, worse, cfg.pair_weight))

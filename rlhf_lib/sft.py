@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_lib.config import SFTConfig
-from rlhf_lib.data.collate import sft_batch
+from rlhf_lib.data.collate import encode_prompt_response, sft_rows, token_budget_split
 from rlhf_lib.data.records import SFTExample
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
@@ -43,6 +43,28 @@ def response_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return loss, {"loss": float(loss.detach()), "tokens": float(n_tokens)}
 
 
+def batch_loss(model: PreTrainedModel, encoded: Sequence[tuple[Sequence[int], int]], pad_id: int, budget: int | None,
+               device: torch.device) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """`response_lm_loss` of a batch of encoded rows (ids, prompt tokens), the mean over all its response tokens.
+    With a token `budget` the rows are sorted by length and cut into forwards of at most `budget` padded tokens
+    (`token_budget_split`), each forward's summed loss divided by the batch's token count, so short rows do not pay
+    for a long row's padding and the loss is the one-forward loss. Returns (loss, response tokens, the last forward's
+    logits: an anchor for `global_share`)."""
+    lengths = [len(ids) for ids, _ in encoded]
+    parts = [list(range(len(encoded)))] if budget is None else token_budget_split(lengths, lengths, budget)
+    losses, counts = [], []
+    for part in parts:
+        b = {k: v.to(device) for k, v in sft_rows([encoded[i] for i in part], pad_id).items()}
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **no_cache(model)).logits
+        loss, stats = response_lm_loss(logits, b["labels"])  # (b, T, V) logits
+        losses.append(loss)
+        counts.append(stats["tokens"])
+    n = sum(counts)
+    if len(parts) == 1 or n == 0:
+        return losses[0], n, logits
+    return sum(l * (c / n) for l, c in zip(losses, counts) if c), n, logits
+
+
 def train_sft(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -67,12 +89,10 @@ def train_sft(
     ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
         mb, real = shard(batch, group.rank, group.world)
-        b = sft_batch(tokenizer, [e.prompt for e in mb], [e.response for e in mb], cfg.max_length)
-        b = {k: v.to(group.device) for k, v in b.items()}
-        ids, mask = b["input_ids"], b["attention_mask"]
-        logits = model(input_ids=ids, attention_mask=mask, **no_cache(model)).logits  # (b, T, V)
-        loss, stats = response_lm_loss(logits, b["labels"])
-        loss, _ = global_share(group, loss, stats["tokens"] if real else 0.0, logits)
+        encoded = [encode_prompt_response(tokenizer, e.prompt, e.response, cfg.max_length) for e in mb]
+        loss, n_tokens, logits = batch_loss(model, encoded, tokenizer.pad_token_id, cfg.micro_batch_tokens,
+                                            group.device)
+        loss, _ = global_share(group, loss, n_tokens if real else 0.0, logits)
         loss_value, grad_norm = run.step(loss, sched, 1.0, "SFT", step)
         ema = loss_value if ema is None else 0.9 * ema + 0.1 * loss_value
         metrics = {"sft/loss": loss_value, "sft/loss_ema": ema, "sft/grad_norm": grad_norm,

@@ -51,6 +51,12 @@ class SFTConfig(Section):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="Token budget of one training forward pass: "
+                                           "a batch's rows are sorted by length and cut into forwards of at most "
+                                           "this many padded tokens (rows x longest row), so short rows skip a long "
+                                           "row's padding; the loss is still the mean over the batch's response "
+                                           "tokens, with one backward, so this saves compute, not activation "
+                                           "memory. null = one forward per batch.")
     seed: int = Field(0, description="Seed of data order.")
 
 
@@ -63,6 +69,12 @@ class RewardConfig(Section):
         "uniform", description="Weight of each pair in its list's loss: uniform (InstructGPT) or rank_distance "
         "(pairs ranked further apart, the surer labels of a noisy labeller, weigh more).")
     max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
+    micro_batch_tokens: int | None = Field(None, ge=1, description="Token budget of one training forward pass: "
+                                           "a batch's rows are sorted by length and cut into forwards of at most "
+                                           "this many padded tokens (rows x longest row), so short rows skip a long "
+                                           "row's padding. The loss and its one backward still cover the whole "
+                                           "batch (its pairs cross the forwards), so this saves compute, not "
+                                           "activation memory. null = one forward per batch.")
     curriculum_steps: int = Field(0, ge=0, description="First optimizer steps (of the same schedule) whose loss "
                                   "covers only each list's closest pair, the two responses fewest character edits "
                                   "apart: a pair that differs in one thing teaches that thing before the easy cues "

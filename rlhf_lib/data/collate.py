@@ -73,12 +73,40 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
     return ids, mask
 
 
+def token_budget_split(lengths: Sequence[int], widths: Sequence[int], budget: int) -> list[list[int]]:
+    """Micro-batches of row indices whose padded size fits `budget` tokens: rows sorted by length, each micro-batch
+    as many consecutive rows as keep (rows x its longest row) <= budget, at least one row.
+
+    `lengths[i]` orders the rows; `widths[i]` is what row i adds to the padded width (prompt + response tokens).
+    Sorting puts rows of similar length together, so short rows do not pay for a long row's padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    parts: list[list[int]] = []
+    current: list[int] = []
+    widest = 0
+    for i in order:
+        w = max(widest, widths[i])
+        if current and (len(current) + 1) * w > budget:
+            parts.append(current)
+            current, w = [], widths[i]
+        current.append(i)
+        widest = w
+    if current:
+        parts.append(current)
+    return parts
+
+
 def sft_batch(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], responses: Sequence[str], max_length: int
 ) -> dict[str, torch.Tensor]:
     """A causal-LM batch whose labels cover response tokens only (prompt and padding are -100)."""
     encoded = [encode_prompt_response(tokenizer, p, r, max_length) for p, r in zip(prompts, responses)]
-    ids, mask = pad_right([e[0] for e in encoded], tokenizer.pad_token_id)
+    return sft_rows(encoded, tokenizer.pad_token_id)
+
+
+def sft_rows(encoded: Sequence[tuple[Sequence[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """`sft_batch` of rows already encoded as (ids, prompt tokens), the pairs `encode_prompt_response` returns.
+    Shapes: input_ids, attention_mask, labels (N, T)."""
+    ids, mask = pad_right([e[0] for e in encoded], pad_id)
     labels = ids.clone()
     for i, (_, n_prompt) in enumerate(encoded):
         labels[i, :n_prompt] = -100

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.data.collate import token_budget_split
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.losses import policy_loss, value_loss
@@ -40,28 +41,6 @@ def trim_padding(mb: Rollout) -> Rollout:
         and isinstance(v := getattr(mb, name), torch.Tensor) and v.dim() == 2 and v.shape[1] == r_full
     }
     return replace(mb, query=mb.query[:, q0:], query_mask=mb.query_mask[:, q0:], **trimmed)
-
-
-def token_budget_split(lengths: Sequence[int], widths: Sequence[int], budget: int) -> list[list[int]]:
-    """Micro-batches of row indices whose padded size fits `budget` tokens: rows sorted by length, each micro-batch
-    as many consecutive rows as keep (rows x its longest row) <= budget, at least one row.
-
-    `lengths[i]` orders the rows; `widths[i]` is what row i adds to the padded width (prompt + response tokens).
-    Sorting puts rows of similar length together, so short rows do not pay for a long row's padding."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    parts: list[list[int]] = []
-    current: list[int] = []
-    widest = 0
-    for i in order:
-        w = max(widest, widths[i])
-        if current and (len(current) + 1) * w > budget:
-            parts.append(current)
-            current, w = [], widths[i]
-        current.append(i)
-        widest = w
-    if current:
-        parts.append(current)
-    return parts
 
 
 def micro_batches(rollout: Rollout, rows: torch.Tensor, cfg: PPOConfig) -> list[torch.Tensor]:

@@ -98,3 +98,30 @@ def test_training_scores_equal_sequence_scores_on_right_padded_rows(tiny_tokeniz
                                          ("\n\nHuman: topic 1\n\nAssistant:", " Sure, topic 1 is nice. Thanks!")], 64)
     assert (mask == 0).any()  # the first row is padded
     torch.testing.assert_close(training_scores(rm, ids, mask), sequence_scores(rm, ids, mask))
+
+
+def test_micro_batch_tokens_give_the_one_forward_scores_and_gradient(tiny_tokenizer, tiny_policy):
+    # Rows of 9, 2 and 8 tokens in a budget of 16: forwards [2, 8] (2 x 8 = 16) and [9]; the scores come back in the
+    # rows' order, and the Bradley-Terry gradient over pairs that cross the forwards is the one-forward gradient.
+    import copy
+
+    from rlhf_lib.data.collate import token_budget_split
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.reward import batch_scores
+
+    assert token_budget_split([9, 2, 8], [9, 2, 8], 16) == [[1, 2], [0]]
+    rm = build_scalar_model(tiny_policy, seed=0)
+    torch.nn.init.normal_(rm.score.weight)
+    rows = [list(range(5, 14)), [5, 6], list(range(20, 28))]
+    better, worse = ranked_pairs([3])
+    grads = []
+    for budget in (None, 16):
+        model = copy.deepcopy(rm)
+        scores = batch_scores(model, rows, tiny_tokenizer.pad_token_id, budget, torch.device("cpu"))
+        loss, _ = bradley_terry_loss(scores, better, worse, torch.zeros(3, dtype=torch.long))
+        loss.backward()
+        grads.append((scores.detach(), [p.grad.clone() for p in model.parameters()]))
+    (s1, g1), (s2, g2) = grads
+    torch.testing.assert_close(s2, s1, rtol=1e-5, atol=1e-6)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -39,3 +39,27 @@ def test_truncation_keeps_eos_and_cuts_prompt_from_left(tiny_tokenizer):
     assert n_prompt >= 20  # the prompt keeps at least half of max_length
     full_prompt = tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert ids[:n_prompt] == full_prompt[-n_prompt:]
+
+
+def test_micro_batch_tokens_give_the_one_forward_loss_and_gradient(tiny_tokenizer, tiny_policy):
+    # Three rows cut into forwards by a 40-token budget: the loss is still the mean over all response tokens (each
+    # forward weighs its token count, not 1/3), and so is its gradient.
+    import copy
+
+    from rlhf_lib.sft import batch_loss
+
+    pairs = [("\n\nHuman: hi\n\nAssistant:", " Sure."),
+             ("\n\nHuman: topic 1\n\nAssistant:", " Sure, topic 1 is nice. Thanks! Thanks!"),
+             ("\n\nHuman: topic 2\n\nAssistant:", " Topic 2 is nice.")]
+    encoded = [encode_prompt_response(tiny_tokenizer, p, r, 64) for p, r in pairs]
+    out = []
+    for budget in (None, 40):
+        model = copy.deepcopy(tiny_policy)
+        loss, n_tokens, _ = batch_loss(model, encoded, tiny_tokenizer.pad_token_id, budget, torch.device("cpu"))
+        loss.backward()
+        out.append((float(loss), n_tokens, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (l1, n1, g1), (l2, n2, g2) = out
+    assert n1 == n2 == sum(len(ids) - n_prompt for ids, n_prompt in encoded)
+    assert math.isclose(l2, l1, rel_tol=1e-5)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)

@@ -31,9 +31,12 @@ def _rm_data():
 
 
 @pytest.mark.parametrize("kind", ["sft", "reward"])
-def test_two_gloo_processes_match_one(kind, tiny_tokenizer, tiny_policy):
+@pytest.mark.parametrize("micro_batch_tokens", [None, 40])
+def test_two_gloo_processes_match_one(kind, micro_batch_tokens, tiny_tokenizer, tiny_policy):
+    # With a token budget each process runs several forwards before its one backward (DDP syncs the gradient once).
     model = tiny_policy if kind == "sft" else build_scalar_model(tiny_policy, seed=0)
     examples, cfg = _sft_data() if kind == "sft" else _rm_data()
+    cfg = cfg.model_copy(update={"micro_batch_tokens": micro_batch_tokens})
     rec1, rec2 = Recorder(), Recorder()
     m1, f1 = train_supervised(kind, ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec1)
     m2, f2 = train_supervised(kind, TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec2)
