@@ -52,8 +52,11 @@ def test_two_gloo_processes_match_one(kind, micro_batch_tokens, tiny_tokenizer, 
     assert f2 == pytest.approx(f1, rel=1e-5)
     start, w1, w2 = model.state_dict(), m1.state_dict(), m2.state_dict()
     assert any(not torch.equal(start[k], w1[k]) for k in w1)  # it trained
-    for k in w1:  # the same final weights
-        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
+    # The same final weights. With a budget each process sorts and splits its own half of the batch, so the sums run
+    # in another order than one process's; after 6 Adam steps a near-zero element differed by 1.9e-5 (measured).
+    atol = 1e-5 if micro_batch_tokens is None else 5e-5
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=atol)
 
 
 def test_a_failing_worker_raises_with_its_stderr(tiny_tokenizer, tiny_policy):
