@@ -121,11 +121,8 @@ def batch_scores(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: 
     Example: rows of 9, 2 and 8 tokens with budget 16 -> forwards [2, 8] (2 x 8 = 16 tokens) and [9] (9), against
     3 x 9 = 27 in one forward. Shape: N rows -> (N,).
     """
-    if budget is None:
-        ids, mask = pad_right(rows, pad_id)
-        return training_scores(model, ids.to(device), mask.to(device))
     lengths = [len(r) for r in rows]
-    parts = token_budget_split(lengths, lengths, budget)
+    parts = [list(range(len(rows)))] if budget is None else token_budget_split(lengths, lengths, budget)
     scores = []
     for part in parts:
         ids, mask = pad_right([rows[i] for i in part], pad_id)

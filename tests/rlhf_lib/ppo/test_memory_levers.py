@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.data.collate import token_budget_split
 from rlhf_lib.models import build_policy
 from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.scoring import response_logprobs
 from rlhf_lib.ppo.trainer import PPOTrainer
-from rlhf_lib.data.collate import token_budget_split
 from tests.rlhf_lib.ppo.tiny import tiny_trainer
 
 CFG = PPOConfig(iterations=2, batch_size=8, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3, ent_coef=0.01)
