@@ -25,6 +25,8 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 # Seconds a collective waits for the other processes before failing, set by the launcher of a multi-node stage
 # (`resources.rdzv_timeout_s`): without it gloo waits 30 minutes and NCCL 10 for a node that died.
 TIMEOUT_ENV = "RLHF_PROCESS_GROUP_TIMEOUT_S"
+# The groups closed in a launched process, kept until it exits (`ProcessGroup.close`).
+_KEPT_UNTIL_EXIT: list[ProcessGroup] = []
 
 
 def launched() -> bool:
@@ -188,5 +190,14 @@ class ProcessGroup:
         return self.acc.get_state_dict(model)
 
     def close(self) -> None:
-        if self._acc is not None:
-            self._acc.end_training()
+        """The group's end. In a launched process the group, its Accelerator and the models it prepared stay referenced
+        until the process exits without tearing anything down (`stages.launch.worker` ends with `os._exit`). Freeing
+        a DDP model frees its gloo process group, whose destructor joins the group's worker threads while holding the
+        GIL, and a worker thread may be waiting for the GIL to free a finished barrier: a launched SFT hung that way
+        after writing its result (torch 2.13, test_launch)."""
+        if self._acc is None:
+            return
+        if launched():
+            _KEPT_UNTIL_EXIT.append(self)
+            return
+        self._acc.end_training()

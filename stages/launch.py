@@ -164,6 +164,11 @@ def worker(job_path: Path) -> None:
     entry = getattr(importlib.import_module(module), name)
     with open(job_path.parent / "events.jsonl", "a") as feed:
         entry(spec["job"], job_path.parent, EventWriter(feed))
+    # The entry wrote its results and closed its process group (`ProcessGroup.close`, which keeps the group alive):
+    # leave without the interpreter's teardown, which would free the group and can deadlock in gloo's destructor.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

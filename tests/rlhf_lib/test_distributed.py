@@ -81,3 +81,23 @@ def test_prepare_turns_on_checkpointing_and_autocast(tiny_policy):
                         gradient_checkpointing=True)
     assert getattr(run.model, "is_activation_checkpointing", None) or run.model.is_gradient_checkpointing
     assert hasattr(run.model, "_original_forward")  # Accelerate's autocast forward
+
+
+class _Acc:
+    ended = 0
+
+    def end_training(self):
+        self.ended += 1
+
+
+def test_close_keeps_a_launched_group_alive_and_ends_an_in_process_one(monkeypatch):
+    from rlhf_lib import distributed
+
+    monkeypatch.setattr(distributed, "_KEPT_UNTIL_EXIT", [])
+    group = ProcessGroup()
+    group._acc = acc = _Acc()
+    group.close()  # one process that prepared models: Accelerate's usual end
+    assert acc.ended == 1 and distributed._KEPT_UNTIL_EXIT == []
+    monkeypatch.setenv("LOCAL_RANK", "0")  # as under `accelerate launch`
+    group.close()  # nothing is freed or torn down: the launched worker leaves with os._exit
+    assert acc.ended == 1 and distributed._KEPT_UNTIL_EXIT == [group]
