@@ -52,3 +52,19 @@ def tiny_policy(tiny_tokenizer):
     from rlhf_lib.models import build_policy
 
     return build_policy(tiny_tokenizer, n_layer=1, n_head=2, n_embd=32, n_positions=64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect server (Prefect's test harness: a subprocess on a fresh SQLite database) for every in-process
+    flow of the session. Each start migrates a new database, about 11 s on a 366 GFLOP/s host and several times that on
+    a slow one, so the modules share it; their MLflow stores stay apart (`RLHF_HOME` per module), and so does every
+    cache, which lives there. Heartbeats are off as under `rlhf run`'s throwaway server (`flows.cli.flow_settings`):
+    joining each sub-flow's heartbeat thread costs up to a second at its end, 4 s of a micro pipeline's 11."""
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        yield
+

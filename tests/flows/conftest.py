@@ -6,17 +6,15 @@ import contextlib
 import os
 
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    """A fresh state dir (`RLHF_HOME`: MLflow store and artifacts) and a temporary Prefect server, per test module."""
+def home(tmp_path_factory, prefect_server):
+    """A fresh state dir (`RLHF_HOME`: MLflow store and artifacts) per test module, on the session's Prefect server."""
     path = tmp_path_factory.mktemp("rlhf-home")
     old = os.environ.get("RLHF_HOME")
     os.environ["RLHF_HOME"] = str(path)
-    with prefect_test_harness(server_startup_timeout=120):
-        yield path
+    yield path
     if old is None:
         os.environ.pop("RLHF_HOME", None)
     else:

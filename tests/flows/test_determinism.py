@@ -6,21 +6,19 @@ import os
 
 import pytest
 from mlflow import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import load_config
 
 
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
+def two_runs(tmp_path_factory, prefect_server):
     from flows.pipeline import rlhf
 
     old = os.environ.get("RLHF_HOME")
     summaries = []
-    with prefect_test_harness(server_startup_timeout=120):
-        for name in ("a", "b"):
-            os.environ["RLHF_HOME"] = str(tmp_path_factory.mktemp(f"determinism-{name}"))
-            summaries.append(rlhf(config=load_config("micro", None, []), pipeline="full"))
+    for name in ("a", "b"):
+        os.environ["RLHF_HOME"] = str(tmp_path_factory.mktemp(f"determinism-{name}"))
+        summaries.append(rlhf(config=load_config("micro", None, []), pipeline="full"))
     if old is None:
         os.environ.pop("RLHF_HOME", None)
     else:

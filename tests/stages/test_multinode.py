@@ -250,15 +250,6 @@ def test_a_multi_node_config_file_must_agree_with_resources():
 # takes node 0's result from the shared MLflow store. Both "nodes" run in this process, so the per-machine key lock,
 # which would make them take turns, is lifted.
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    """One temporary Prefect server for the stage flows of this module, up before two threads run flows at once
-    (each would otherwise start its own and race for the port)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
 
 def _stage_flows(tmp_path, monkeypatch, node0_build):
     from prefect import flow
