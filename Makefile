@@ -1,4 +1,6 @@
-# The two commands a user needs: `make demo` and `make test`. Both install into .venv first when needed.
+# The two commands a user needs: `make demo` and `make test`. Both install into .venv first when needed. `make test` is
+# CI's suite; `make test-all` adds the tests marked `slow` (pyproject.toml): the environment checks that start a
+# Postgres/S3 stack, work-pool workers, two CLI processes as two nodes, a browser, or the GPU script on the CPU.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,11 +12,11 @@ export TOKENIZERS_PARALLELISM := false
 # names the switch that is ours and the services drop it (flows/services.py, `inherited_offline`; the demo's own
 # flow, run by them, makes no hub call). A switch the user set is theirs: then make sets neither.
 ifndef HF_HUB_OFFLINE
-test demo: export HF_HUB_OFFLINE := 1
+test test-all demo: export HF_HUB_OFFLINE := 1
 demo: export RLHF_OFFLINE_FROM_MAKE := HF_HUB_OFFLINE
 endif
 
-.PHONY: setup demo test up down bench clean
+.PHONY: setup demo test test-all up down bench clean
 
 setup: $(STAMP)
 
@@ -29,6 +31,9 @@ demo: setup
 	$(BIN)/rlhf demo
 
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow" --durations=25
+
+test-all: setup
 	$(BIN)/python -m pytest -q --durations=25
 
 bench: setup

@@ -8,10 +8,7 @@ import os
 import subprocess
 import sys
 
-import pytest
 from mlflow import MlflowClient
-
-pytestmark = pytest.mark.slow
 
 
 def test_two_simultaneous_runs_both_complete_and_register_once(tmp_path):

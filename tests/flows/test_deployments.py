@@ -20,7 +20,6 @@ from flows.settings import load_config
 from tests.flows.conftest import local_services
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
 
 
 def readme_deployment_lines() -> list[str]:

@@ -250,7 +250,6 @@ def test_the_rm_and_a_length_function_together(first, tmp_path):
              reward_model="models:/rlhf-reward/999")
 
 
-@pytest.mark.slow
 def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, home, monkeypatch):
     """`rlhf serve-reward` on the pipeline's RM, and PPO scoring through it (kind http, the reward stage skipped):
     every sampled row's score equals the RM's in-process score of the same (prompt, completion) text. The text is

@@ -133,7 +133,6 @@ def wait_healthy(proc: subprocess.Popen, url: str, limit_s: float = 240.0) -> di
     raise AssertionError(f"no answer from {url} within {limit_s} s")
 
 
-@pytest.mark.slow
 def test_served_registered_rm_scores_as_in_process(tmp_path, monkeypatch, tiny_tokenizer):
     from rlhf_lib.model_dirs import load_scalar
     from rlhf_lib.models import load_tokenizer

@@ -42,7 +42,7 @@ def test_only_the_named_switches_go():
     assert services.inherited_offline({"HF_HUB_OFFLINE": "1"}) == ()
 
 
-def test_the_makefile_sets_the_switch_for_test_and_demo_only():
+def test_the_makefile_sets_the_switch_for_the_tests_and_demo_only():
     text = (Path(__file__).parents[2] / "Makefile").read_text()
-    assert "export HF_HUB_OFFLINE" not in text.replace("test demo: export HF_HUB_OFFLINE", "")
+    assert "export HF_HUB_OFFLINE" not in text.replace("test test-all demo: export HF_HUB_OFFLINE", "")
     assert "demo: export RLHF_OFFLINE_FROM_MAKE := HF_HUB_OFFLINE" in text

@@ -21,7 +21,7 @@ from flows.settings import load_config
 from stages.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="Debian's chromium is not installed; .ci/run installs it")]
+    shutil.which("chromium") is None, reason="Debian's chromium is not installed (apt-get install chromium)")]
 
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-pytestmark = pytest.mark.slow
-
 # Every checkpoint is kept, so the first one stays for the poller below however far behind its uploads a loaded
 # host runs (with the default two kept, it is gone once the third is up).
 CMD = [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro", "--json",
