@@ -193,8 +193,8 @@ class ProcessGroup:
         """The group's end. In a launched process the group, its Accelerator and the models it prepared stay referenced
         until the process exits without tearing anything down (`stages.launch.worker` ends with `os._exit`). Freeing
         a DDP model frees its gloo process group, whose destructor joins the group's worker threads while holding the
-        GIL, and a worker thread may be waiting for the GIL to free a finished barrier: a launched SFT hung that way
-        after writing its result (torch 2.13, test_launch)."""
+        GIL, while a worker thread may be waiting for the GIL to free a finished barrier: a deadlock after the results
+        are written (torch 2.13)."""
         if self._acc is None:
             return
         if launched():

@@ -67,4 +67,3 @@ def prefect_server():
     with prefect_test_harness(server_startup_timeout=120), \
             temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
-

@@ -248,8 +248,8 @@ def test_a_multi_node_config_file_must_agree_with_resources():
 
 # The stages on a follower: `run_cached` with machine_rank 1 runs the build up to its launch, logging nothing, and then
 # takes node 0's result from the shared MLflow store. Both "nodes" run in this process, so the per-machine key lock,
-# which would make them take turns, is lifted.
-
+# which would make them take turns, is lifted. The session's Prefect server (`prefect_server`) is up before the two
+# threads run flows at once: each would otherwise start its own and race for the port.
 
 def _stage_flows(tmp_path, monkeypatch, node0_build):
     from prefect import flow
