@@ -95,7 +95,8 @@ class Console:
         values, bounds = split_intervals(summary.get("eval") or {})
         figures = {k: v for k, v in values.items() if v is not None}
         if figures:
-            held = Table(title="held-out evaluation (policy vs SFT), 95 % intervals", title_justify="left")
+            what = "evaluation (policy vs SFT)" if summary["stages"].get("eval") else "figures"
+            held = Table(title=f"held-out {what}, 95 % intervals", title_justify="left")
             held.add_column("figure")
             held.add_column("value [95 % interval]", justify="right")
             for k, v in figures.items():
@@ -112,6 +113,8 @@ class Console:
         for summary in result["seeds"].values():
             self.summary(summary)
         rows = seed_rows(result)
+        if not rows:  # `rlhf run sft --seeds ...`: no held-out figure to compare
+            return
         table = Table(title=f"held-out figures over {len(result['seeds'])} seeds (95 % intervals)",
                       title_justify="left")
         for col in rows[0]:

@@ -27,3 +27,8 @@ def test_two_simultaneous_runs_both_complete_and_register_once(tmp_path):
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     for name in ("rlhf-sft", "rlhf-reward"):
         assert len(client.search_model_versions(f"name = '{name}'")) == 1, name
+    rm = client.get_run(summaries[0]["stages"]["reward"]["mlflow_run_id"]).data.metrics
+    for s in summaries:  # a pipeline that ends at the RM reports its held-out accuracy, ran or cached
+        assert s["eval"]["reward_model_accuracy"] == rm["reward/heldout_accuracy"]
+        assert s["eval"]["reward_model_accuracy_ci95"] == [rm["reward/heldout_accuracy_ci95_low"],
+                                                           rm["reward/heldout_accuracy_ci95_high"]]

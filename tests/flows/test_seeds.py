@@ -42,3 +42,28 @@ def test_run_seeds_reports_mean_and_spread():
 def test_one_failed_seed_fails_the_whole():
     result = run_seeds(PipelineConfig(), [0, 1], lambda cfg: {"status": "failed" if cfg.data.seed else "completed"})
     assert result["status"] == "failed"
+
+
+def test_the_seeds_table_of_a_pipeline_that_ends_at_the_reward_model(capsys, monkeypatch):
+    # `rlhf run reward --seeds ...`: each summary's figures are the RM's held-out accuracy (flows.pipeline's
+    # reward_figures); `rlhf run sft --seeds ...` has none, and prints its stages without a figures table.
+    from flows import console
+    from flows.pipeline import reward_figures
+
+    monkeypatch.setattr(console, "where_to_look", lambda summary: [])
+    assert reward_figures({"reward/loss": 0.3}) == {}
+    acc = {0: 0.94, 1: 0.92}
+
+    def run(cfg: PipelineConfig) -> dict:
+        a = acc[cfg.data.seed]
+        figures = reward_figures({"reward/heldout_accuracy": a, "reward/heldout_accuracy_ci95_low": a - 0.01,
+                                  "reward/heldout_accuracy_ci95_high": a + 0.01})
+        return {"pipeline": "reward", "status": "completed", "seconds": 1.0, "stages": {}, "eval": figures}
+
+    out = console.Console(quiet=True)
+    out.seeds(run_seeds(PipelineConfig(), [0, 1], run))
+    printed = capsys.readouterr().out
+    assert "reward_model_accuracy" in printed and "0.94 [0.93, 0.95]" in printed and "0.93 ± 0.014" in printed
+    no_figures = {"pipeline": "sft", "status": "completed", "seconds": 1.0, "stages": {}, "eval": {}}
+    out.seeds(run_seeds(PipelineConfig(), [0, 1], lambda cfg: no_figures))
+    assert "seeds" not in capsys.readouterr().out
