@@ -18,6 +18,7 @@ from rlhf_lib.devices import module_device
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
 from rlhf_lib.ppo.scoring import no_cache, sequence_scores
+from rlhf_lib.prompt_sharing import prompt_groups, shared_prompt_scores, supports_prompt_sharing
 from rlhf_lib.training import (
     SupervisedRun,
     adamw_with_linear_schedule,
@@ -131,6 +132,18 @@ def batch_scores(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: 
     return torch.cat(scores)[torch.argsort(order)]
 
 
+def step_scores(model: PreTrainedModel, encoded: Sequence[tuple[Sequence[int], int]], pad_id: int,
+                budget: int | None, device: torch.device, share_prompts: bool) -> torch.Tensor:
+    """Training scores of (ids, prompt tokens) rows in their order: each distinct prompt run once
+    (`prompt_sharing.shared_prompt_scores`) when `share_prompts` and every row has a prompt, else `batch_scores`.
+    Shape: N rows -> (N,)."""
+    if share_prompts:
+        prompts, responses, prompt_of = prompt_groups(encoded)
+        if all(prompts):
+            return shared_prompt_scores(model, prompts, responses, prompt_of, pad_id, budget, device)
+    return batch_scores(model, [ids for ids, _ in encoded], pad_id, budget, device)
+
+
 def _pair_index(batch: Sequence[RankedExample], device: torch.device):
     """(better, worse, list_of_pair) of every pair of every list of `batch`, on `device`."""
     better, worse = ranked_pairs([len(e.responses) for e in batch])
@@ -159,11 +172,12 @@ def train_reward_model(
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
     model.train()
+    share = cfg.share_prompts and not gradient_checkpointing and supports_prompt_sharing(model)
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
         mb, real = shard(batch, group.rank, group.world)
-        rows = _rows(tokenizer, [(e.prompt, r) for e in mb for r in e.responses], cfg.max_length)
-        scores = batch_scores(model, rows, tokenizer.pad_token_id, cfg.micro_batch_tokens, group.device)
+        encoded = [encode_prompt_response(tokenizer, e.prompt, r, cfg.max_length) for e in mb for r in e.responses]
+        scores = step_scores(model, encoded, tokenizer.pad_token_id, cfg.micro_batch_tokens, group.device, share)
         better, worse, list_of_pair = _pair_index(mb, group.device)
         weights = (closest_pair_weights([e.responses for e in mb]).to(group.device) if step < cfg.curriculum_steps
                    else pair_weights(better, worse, cfg.pair_weight))
