@@ -61,12 +61,13 @@ def prompt_groups(rows: Sequence[tuple[Sequence[int], int]]) -> tuple[list[list[
 
 def _sliced_cache(cache, rows: torch.Tensor, config):
     """A new `DynamicCache` holding batch `rows` of `cache`'s keys and values (differentiable: the gradient of the
-    copies adds up in the prompt forward's keys and values)."""
+    copies adds up in the prompt forward's keys and values). `index_select`, not `keys[rows]`: the backward of
+    advanced indexing sums a prompt's copies in an order that varies between runs on CPU threads."""
     from transformers.cache_utils import DynamicCache
 
     out = DynamicCache(config=config)
     for i, layer in enumerate(cache.layers):
-        out.update(layer.keys[rows], layer.values[rows], i)
+        out.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), i)
     return out
 
 

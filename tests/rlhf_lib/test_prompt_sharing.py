@@ -129,3 +129,26 @@ def test_training_with_and_without_shared_prompts_ends_at_the_same_weights(tiny_
     for whole, shared, ckpt in zip(*weights):
         torch.testing.assert_close(shared, whole, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(ckpt, whole, rtol=1e-4, atol=1e-5)
+
+
+def test_the_shared_gradient_is_the_same_on_every_run():
+    # Cache rows copied by advanced indexing (keys[rows]) get their gradients summed in an order that varies between
+    # runs on 2 CPU threads, and so does the trained RM; index_select's backward adds them in a fixed order. A
+    # demo-sized step: 16 lists of 6 rows, 128 wide.
+    from transformers import AutoModelForSequenceClassification, GPT2Config
+
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, n_positions=64, vocab_size=64, num_labels=1, pad_token_id=PAD,
+                     bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(cfg).eval()
+    torch.nn.init.normal_(model.score.weight)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (int(n),), generator=g).tolist() for n in torch.randint(10, 20, (16,), generator=g)]
+    rows = [(p + torch.randint(3, 64, (int(n),), generator=g).tolist(), len(p))
+            for p in prompts for n in torch.randint(5, 30, (6,), generator=g)]
+    grads = []
+    for _ in range(3):
+        m = copy.deepcopy(model)
+        step_scores(m, rows, PAD, 1024, CPU, share_prompts=True).square().sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    assert all(torch.equal(grads[0], other) for other in grads[1:])
