@@ -50,6 +50,15 @@ def ppo_alarms(tags: dict[str, str]) -> list[str]:
     return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
 
 
+def measured_accuracy(reward: StageResult) -> float | None:
+    """The RM's accuracy on the held-out pairs as the reward stage measured it (`reward/heldout_accuracy` of its
+    run), when the RM came from this pipeline's reward stage and so was scored on these pairs; None for a model the
+    user named (`--reward-model`: trained on any data) or a run without the figure, which the eval then measures."""
+    if reward.source is not None or not reward.mlflow_run_id:
+        return None
+    return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
+
+
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult]):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
@@ -84,10 +93,12 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         # reward came from functions and endpoints only): no accuracy.
         metrics["reward_model_accuracy"] = None
         if reward is not None:
-            max_length = fit_length(cfg.reward.max_length, reward)
-            with precision():
-                metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
-                                                                     cfg.reward.eval_batch_size)
+            metrics["reward_model_accuracy"] = measured_accuracy(upstream["reward"])
+            if metrics["reward_model_accuracy"] is None:
+                max_length = fit_length(cfg.reward.max_length, reward)
+                with precision():
+                    metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
+                                                                         cfg.reward.eval_batch_size)
             bounds["reward_model_accuracy"] = proportion_interval(
                 round(metrics["reward_model_accuracy"] * len(pairs)), len(pairs))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)

@@ -35,6 +35,8 @@ def test_first_run_runs_every_stage_and_reports(first, home):
     assert statuses(first) == {s: "ran" for s in STAGES}
     assert EVAL_KEYS <= set(first["eval"])
     assert 0.0 <= first["eval"]["win_rate_vs_sft"] <= 1.0
+    rm = MlflowClient().get_run(first["stages"]["reward"]["mlflow_run_id"]).data.metrics
+    assert first["eval"]["reward_model_accuracy"] == rm["reward/heldout_accuracy"]  # the reward stage's figure
     assert first["mlflow_tracking_uri"].startswith("sqlite:///") and str(home) in first["mlflow_tracking_uri"]
     for stage in ("sft", "reward", "ppo"):
         assert first["stages"][stage]["model_uri"].startswith("models:/rlhf-")
@@ -244,7 +246,10 @@ def test_the_rm_and_a_length_function_together(first, tmp_path):
     assert metrics["objective/score_raw"] == pytest.approx(
         metrics["objective/score/rm"] + 0.5 * metrics["objective/score/length"], abs=1e-4)
     assert {"reward_rm_mean", "reward_length_mean"} <= set(out["eval"])
-    assert out["eval"]["reward_model_accuracy"] is not None
+    # A named RM may come from other data, so the eval scores the held-out pairs itself: the reward stage's figure.
+    rm_run = out["stages"]["reward"]["mlflow_run_id"]
+    measured = MlflowClient().get_run(rm_run).data.metrics["reward/heldout_accuracy"]
+    assert out["eval"]["reward_model_accuracy"] == pytest.approx(measured, abs=1e-9)
     with pytest.raises(ValueError, match="differs from ppo.rewards"):
         rlhf(config=_with_rewards(tmp_path, rm, name="other.yaml"), pipeline="ppo",
              reward_model="models:/rlhf-reward/999")
