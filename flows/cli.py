@@ -81,6 +81,18 @@ def flow_settings(server):
     return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if server else {})
 
 
+def warm_up(server, fresh_model: bool) -> None:
+    """Work the run needs first, done while the throwaway Prefect server starts on the other core (a fresh database
+    migrates for seconds): open the MLflow store, whose fresh SQLite file migrates too; then, if the server is still
+    not up and a fresh model will be built, import the GPT-2 classes that transformers otherwise loads at the first
+    model build, after the server is up."""
+    from stages.tracking import setup_mlflow
+
+    setup_mlflow()
+    if server is not None and fresh_model and not server.ready():
+        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.seeds import parse_seeds
 
@@ -99,6 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import rlhf
 
     console = Console(quiet=args.json, debug=args.debug)
+    warm_up(server, cfg.model.name_or_path is None)
 
     def run(config) -> dict:
         return rlhf(config=config, pipeline=args.pipeline, force=args.force or [], sft_model=args.sft_model,

@@ -65,6 +65,10 @@ class EphemeralPrefect:
         self.stop()
         raise TimeoutError(f"the temporary Prefect server on {self.api_url} did not answer within {timeout_s:.0f} s")
 
+    def ready(self) -> bool:
+        """Whether the server answers now (no waiting)."""
+        return self.process.poll() is None and healthy(f"{self.api_url}/health", 0.5)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
