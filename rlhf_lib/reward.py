@@ -135,11 +135,12 @@ def batch_scores(model: PreTrainedModel, rows: Sequence[Sequence[int]], pad_id: 
 def step_scores(model: PreTrainedModel, encoded: Sequence[tuple[Sequence[int], int]], pad_id: int,
                 budget: int | None, device: torch.device, share_prompts: bool) -> torch.Tensor:
     """Training scores of (ids, prompt tokens) rows in their order: each distinct prompt run once
-    (`prompt_sharing.shared_prompt_scores`) when `share_prompts` and every row has a prompt, else `batch_scores`.
+    (`prompt_sharing.shared_prompt_scores`) when `share_prompts`, every row has a prompt and some rows share one
+    (a long prompt cut to fit each response's length can make every row's prompt its own), else `batch_scores`.
     Shape: N rows -> (N,)."""
     if share_prompts:
         prompts, responses, prompt_of = prompt_groups(encoded)
-        if all(prompts):
+        if all(prompts) and len(prompts) < len(encoded):
             return shared_prompt_scores(model, prompts, responses, prompt_of, pad_id, budget, device)
     return batch_scores(model, [ids for ids, _ in encoded], pad_id, budget, device)
 

@@ -95,7 +95,7 @@ def test_padding_after_a_long_prompt_stays_inside_the_position_table():
 def test_step_scores_run_whole_rows_when_a_prompt_is_empty():
     # An empty prompt cannot be cached: the batch runs whole, with the same scores.
     model = _scalar("gpt2")
-    rows = [([5, 6, 11], 2), ([12, 13], 0)]
+    rows = [([5, 6, 11], 2), ([5, 6, 14, 15], 2), ([12, 13], 0)]
     with torch.no_grad():
         shared = step_scores(model, rows, PAD, None, CPU, share_prompts=True)
         whole = batch_scores(model, [ids for ids, _ in rows], PAD, None, CPU)
