@@ -152,3 +152,16 @@ def test_the_shared_gradient_is_the_same_on_every_run():
         step_scores(m, rows, PAD, 1024, CPU, share_prompts=True).square().sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
     assert all(torch.equal(grads[0], other) for other in grads[1:])
+
+
+def test_shared_prompts_train_under_bf16_autocast(tiny_tokenizer, tiny_policy):
+    # The cached keys and values come out of the prompt forward in bf16 and meet the responses' own in bf16.
+    from rlhf_lib.distributed import ProcessGroup
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.reward import train_reward_model
+
+    ProcessGroup("no")
+    ranked = [RankedExample("\n\nHuman: tell me about topic 1\n\nAssistant:", (" Sure, topic 1.", " No.", " Hm."))] * 2
+    final, _ = train_reward_model(build_scalar_model(tiny_policy, seed=0), tiny_tokenizer, ranked,
+                                  RewardConfig(epochs=1, batch_size=2, share_prompts=True), group=ProcessGroup("bf16"))
+    assert final["reward/steps"] == 1 and math.isfinite(final["reward/train_accuracy_ema"])
