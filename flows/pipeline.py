@@ -176,8 +176,8 @@ def rlhf(
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise
-    if last < 4 and "reward" in results and results["reward"].mlflow_run_id and not follower:
-        # `rlhf run reward`: the RM's held-out accuracy is the pipeline's figure
+    if last == 2 and "reward" in results and results["reward"].source is None and not follower:
+        # `rlhf run reward`: the held-out accuracy of the RM it trained is the pipeline's figure
         eval_metrics = reward_figures(client.get_run(results["reward"].mlflow_run_id).data.metrics)
     all_cached = all(r.status == "cached" for r in results.values())
     skipped = ({"reward": {"status": "skipped", "seconds": 0.0, "mlflow_run_id": "",
@@ -200,7 +200,7 @@ def rlhf(
 def reward_figures(metrics: dict[str, float]) -> dict:
     """The held-out figures of a pipeline that ends at the reward stage, from the reward run's MLflow metrics: the
     RM's pairwise accuracy on the held-out pairs with its 95 % interval, as the eval stage reports it (none when the
-    run has no held-out pairs, e.g. a reward model given by URI that was trained elsewhere)."""
+    run has no such figure)."""
     acc = metrics.get("reward/heldout_accuracy")
     if acc is None:
         return {}

@@ -115,6 +115,20 @@ class ProcessGroup:
             return self._acc.device
         return self._device
 
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether each process holds a shard of the weights (FSDP, DeepSpeed ZeRO-3): every forward then gathers
+        them, so every process must run the same forwards, and a forward whose output feeds the loss only through
+        another forward's inputs may find its weights freed in the backward."""
+        if self._acc is None:
+            return False
+        from accelerate.utils import DistributedType
+
+        kind = self._acc.distributed_type
+        plugin = getattr(self._acc.state, "deepspeed_plugin", None)
+        return kind == DistributedType.FSDP or (kind == DistributedType.DEEPSPEED and plugin is not None
+                                                and plugin.zero_stage == 3)
+
     def sum(self, values: Sequence[float]) -> list[float]:
         """Sum of each value over processes (one float64 all-reduce)."""
         if self.world == 1:

@@ -59,15 +59,21 @@ def prompt_groups(rows: Sequence[tuple[Sequence[int], int]]) -> tuple[list[list[
     return [list(p) for p in index], responses, prompt_of
 
 
+def take_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """x[rows] along dim 0, with a backward that sums the gradients of repeated rows in the same order on every run:
+    on CPU `index_select` (its backward, `index_add_`, goes in index order; advanced indexing's `index_put_` does
+    not), on CUDA advanced indexing (its backward sorts the indices; `index_select`'s uses atomic adds)."""
+    return x[rows] if x.is_cuda else x.index_select(0, rows)
+
+
 def _sliced_cache(cache, rows: torch.Tensor, config):
     """A new `DynamicCache` holding batch `rows` of `cache`'s keys and values (differentiable: the gradient of the
-    copies adds up in the prompt forward's keys and values). `index_select`, not `keys[rows]`: the backward of
-    advanced indexing sums a prompt's copies in an order that varies between runs on CPU threads."""
+    copies adds up in the prompt forward's keys and values)."""
     from transformers.cache_utils import DynamicCache
 
     out = DynamicCache(config=config)
     for i, layer in enumerate(cache.layers):
-        out.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), i)
+        out.update(take_rows(layer.keys, rows), take_rows(layer.values, rows), i)
     return out
 
 
@@ -79,9 +85,9 @@ def shared_prompt_scores(
 
     Prompts (right-padded) run in forwards of at most `budget` padded tokens, sorted by length; each forward's
     responses run after it on slices of its KV cache, in forwards of at most `budget` padded response tokens, with
-    position ids continuing from their own prompt's length (0 on padding) and an attention mask of (prompt mask, response mask), so
-    a response never sees its prompt's padding. Every forward goes through `model` (a DDP/FSDP wrapper syncs only
-    gradients of calls that go through it) and stays in the graph for one backward.
+    position ids continuing from their own prompt's length (0 on padding) and an attention mask of (prompt mask,
+    response mask), so a response never sees its prompt's padding. Every forward goes through `model` (a DDP
+    wrapper syncs only gradients of calls that go through it) and stays in the graph for one backward.
 
     Shapes: P prompts, N responses and prompt_of of length N (every prompt and response at least one token) -> (N,).
     """

@@ -173,7 +173,8 @@ def train_reward_model(
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
     model.train()
-    share = cfg.share_prompts and not gradient_checkpointing and supports_prompt_sharing(model)
+    share = (cfg.share_prompts and not gradient_checkpointing and not group.shards_parameters
+             and supports_prompt_sharing(model))
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
         mb, real = shard(batch, group.rank, group.world)

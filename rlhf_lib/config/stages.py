@@ -79,8 +79,9 @@ class RewardConfig(Section):
     share_prompts: bool = Field(True, description="Run each distinct prompt of a batch once, with a KV cache, and "
                                 "its responses on the cached keys and values: the same scores and gradient up to "
                                 "float rounding, with a list's prompt computed once instead of K times. Used where "
-                                "the model has a plain KV cache (GPT-2, GPT-NeoX, Llama, Qwen2, ...) and gradient "
-                                "checkpointing is off; otherwise every row runs whole.")
+                                "the model has a plain KV cache (GPT-2, GPT-NeoX, Llama, Qwen2, ...), gradient "
+                                "checkpointing is off and the weights are not sharded (FSDP, DeepSpeed ZeRO-3); "
+                                "otherwise every row runs whole.")
     curriculum_steps: int = Field(0, ge=0, description="First optimizer steps (of the same schedule) whose loss "
                                   "covers only each list's closest pair, the two responses fewest character edits "
                                   "apart: a pair that differs in one thing teaches that thing before the easy cues "

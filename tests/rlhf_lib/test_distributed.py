@@ -101,3 +101,21 @@ def test_close_keeps_a_launched_group_alive_and_ends_an_in_process_one(monkeypat
     monkeypatch.setenv("LOCAL_RANK", "0")  # as under `accelerate launch`
     group.close()  # nothing is freed or torn down: the launched worker leaves with os._exit
     assert acc.ended == 1 and distributed._KEPT_UNTIL_EXIT == [group]
+
+
+def test_shards_parameters_under_fsdp_and_zero3_only():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    def group(kind, zero_stage=None):
+        g = ProcessGroup()
+        plugin = SimpleNamespace(zero_stage=zero_stage) if zero_stage else None
+        g._acc = SimpleNamespace(distributed_type=kind, state=SimpleNamespace(deepspeed_plugin=plugin))
+        return g
+
+    assert not ProcessGroup().shards_parameters  # one process, nothing prepared
+    assert group(DistributedType.FSDP).shards_parameters
+    assert group(DistributedType.DEEPSPEED, 3).shards_parameters
+    assert not group(DistributedType.DEEPSPEED, 2).shards_parameters
+    assert not group(DistributedType.MULTI_CPU).shards_parameters

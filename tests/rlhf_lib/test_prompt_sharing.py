@@ -8,7 +8,7 @@ import torch
 
 from rlhf_lib.config import RewardConfig
 from rlhf_lib.data.records import RankedExample
-from rlhf_lib.prompt_sharing import prompt_groups, shared_prompt_scores, supports_prompt_sharing
+from rlhf_lib.prompt_sharing import prompt_groups, shared_prompt_scores, supports_prompt_sharing, take_rows
 from rlhf_lib.reward import batch_scores, bradley_terry_loss, ranked_pairs, step_scores
 
 CPU = torch.device("cpu")
@@ -165,3 +165,32 @@ def test_shared_prompts_train_under_bf16_autocast(tiny_tokenizer, tiny_policy):
     final, _ = train_reward_model(build_scalar_model(tiny_policy, seed=0), tiny_tokenizer, ranked,
                                   RewardConfig(epochs=1, batch_size=2, share_prompts=True), group=ProcessGroup("bf16"))
     assert final["reward/steps"] == 1 and math.isfinite(final["reward/train_accuracy_ema"])
+
+
+def test_sharded_weights_run_whole_rows(tiny_tokenizer, tiny_policy, monkeypatch):
+    # Under FSDP or ZeRO-3 every forward gathers the weights, so every process must run the same forwards, and the
+    # prompt forward's weights could be freed before the gradient comes back through its cache: rows run whole.
+    from rlhf_lib import reward
+    from rlhf_lib.distributed import ProcessGroup
+    from rlhf_lib.models import build_scalar_model
+
+    class Sharded(ProcessGroup):
+        shards_parameters = True
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("prompts shared under sharded weights")
+
+    monkeypatch.setattr(reward, "shared_prompt_scores", refuse)
+    ranked = [RankedExample("\n\nHuman: tell me about topic 1\n\nAssistant:", (" Sure, topic 1.", " No."))] * 2
+    final, _ = reward.train_reward_model(build_scalar_model(tiny_policy, seed=0), tiny_tokenizer, ranked,
+                                         RewardConfig(epochs=1, batch_size=2), group=Sharded())
+    assert final["reward/steps"] == 1
+    with pytest.raises(AssertionError, match="sharded"):  # the same batch with a plain group does share
+        reward.train_reward_model(build_scalar_model(tiny_policy, seed=0), tiny_tokenizer, ranked,
+                                  RewardConfig(epochs=1, batch_size=2), group=ProcessGroup())
+
+
+def test_take_rows_on_cpu_is_indexing():
+    x = torch.arange(12.0).reshape(3, 4)
+    rows = torch.tensor([2, 0, 2])
+    torch.testing.assert_close(take_rows(x, rows), x[rows])
