@@ -344,14 +344,16 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.errors import user_error
-
     args = parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
         return args.fn(args)
     except Exception as e:
+        # Imported here, not first: its error types import torch, Prefect and MLflow, and `rlhf run` starts its
+        # throwaway Prefect server and sets their environment before any of them.
+        from flows.errors import user_error
+
         message = user_error(e)
         if message is None or args.debug:
             raise
