@@ -94,10 +94,19 @@ def load_pretrained(name_or_path: str | Path, auto_class: str, tokenizer: PreTra
     kw = hub_kwargs(revision, trust_remote_code)
     config = transformers.AutoConfig.from_pretrained(str(name_or_path), **kw, **config_kw)
     _no_dropout(config)
-    config.pad_token_id = tokenizer.pad_token_id
+    pad = tokenizer.pad_token_id
+    # A PAD that `load_tokenizer` added (Llama, GPT-2, GPT-NeoX and Qwen2 tokenizers have none of their own, or
+    # reuse EOS) is beyond the checkpoint's vocabulary: the embedding is built with the saved rows and only then
+    # grown to cover it, so the config may name it only after the resize (an embedding's padding_idx must be one
+    # of its rows).
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    config.pad_token_id = pad if vocab is None or pad < vocab else None
     model = getattr(transformers, auto_class).from_pretrained(str(name_or_path), config=config, dtype=dtype, **kw)
     if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        # The new rows start at the mean of the trained ones (transformers' mean_resizing): a PAD input then
+        # looks like an average token rather than noise; it is masked out of attention and loss anyway.
         model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = pad
     return model
 
 

@@ -168,7 +168,7 @@ def train_reward_model(
     pooled over all its pairs."""
     seed_everything(cfg.seed)
     group = group or ProcessGroup()
-    total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
+    total = n_batches(len(examples), cfg.batch_size, cfg.epochs, cfg.max_steps)  # the schedule ends at max_steps
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
@@ -177,6 +177,8 @@ def train_reward_model(
              and supports_prompt_sharing(model))
     acc_ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
+        if step >= total:
+            break
         mb, real = shard(batch, group.rank, group.world)
         encoded = [encode_prompt_response(tokenizer, e.prompt, r, cfg.max_length) for e in mb for r in e.responses]
         scores = step_scores(model, encoded, tokenizer.pad_token_id, cfg.micro_batch_tokens, group.device, share)

@@ -81,13 +81,15 @@ def train_sft(
     `rlhf_lib.training`)."""
     seed_everything(cfg.seed)
     group = group or ProcessGroup()
-    total = n_batches(len(examples), cfg.batch_size, cfg.epochs)
+    total = n_batches(len(examples), cfg.batch_size, cfg.epochs, cfg.max_steps)  # the schedule ends at max_steps
     opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
     model.train()
     ema = None
     for step, (epoch, batch) in enumerate(shuffled_batches(examples, cfg.batch_size, cfg.epochs, cfg.seed)):
+        if step >= total:
+            break
         mb, real = shard(batch, group.rank, group.world)
         encoded = [encode_prompt_response(tokenizer, e.prompt, e.response, cfg.max_length) for e in mb]
         loss, n_tokens, logits = batch_loss(model, encoded, tokenizer.pad_token_id, cfg.micro_batch_tokens,

@@ -52,6 +52,12 @@ SHAPES: dict[str, KnownShape] = {
                                ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-0.5B-Instruct")),
     "qwen2.5-1.5b": KnownShape("qwen2", {**_QWEN, **_sizes(1536, 28, 12, 8960)},
                                ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct")),
+    # SmolLM2-135M(-Instruct): Llama with GQA (3 KV heads), tied embeddings; `smollm2` is its import name
+    # (rlhf_lib.model_import.KNOWN), so `rlhf plan --preset smollm2-hh` sizes it before the first import.
+    "smollm2-135m": KnownShape("llama", {**_sizes(576, 30, 9, 1536), "num_key_value_heads": 3, "head_dim": 64,
+                                         "vocab_size": 49152, "tie_word_embeddings": True, "hidden_act": "silu",
+                                         "max_position_embeddings": 8192, "dtype": "bfloat16"},
+                               ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2")),
 }
 
 
@@ -67,8 +73,18 @@ def model_config(name_or_path: str, key: str, revision: str | None = None,
     only, from the local cache or the network). `key` names the config key in errors."""
     from transformers import AutoConfig
 
-    if Path(name_or_path).is_dir():
-        return AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
+        try:
+            if path.is_dir():
+                return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)  # the GGUF's metadata only
+        except Exception as e:  # a folder without config.json, a file the GGUF reader refuses, a bad JSON, ...
+            what = "GGUF file" if path.is_file() else "model folder"
+            raise ConfigError(f"{key}: cannot read the config of the {what} {name_or_path!r} "
+                              f"({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})") from None
+    if path.suffix.lower() == ".gguf":
+        raise ConfigError(f"{key}: no such GGUF file {name_or_path!r}")
     if (shape := known_shape(name_or_path)) is not None:
         return AutoConfig.for_model(shape.model_type, **shape.fields)
     try:

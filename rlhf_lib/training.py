@@ -63,8 +63,14 @@ def shuffled_batches(items: Sequence[T], batch_size: int, epochs: int, seed: int
             yield epoch, [items[j] for j in order[i : i + batch_size]]
 
 
-def n_batches(n_items: int, batch_size: int, epochs: int) -> int:
-    return epochs * math.ceil(n_items / batch_size)
+def n_batches(n_items: int, batch_size: int, epochs: int, max_steps: int | None = None) -> int:
+    """Optimizer steps of `epochs` passes over `n_items` in batches of `batch_size`, at most `max_steps`.
+
+    >>> n_batches(10, 4, 2), n_batches(10, 4, 2, max_steps=5)
+    (6, 5)
+    """
+    total = epochs * math.ceil(n_items / batch_size)
+    return total if max_steps is None else min(total, max_steps)
 
 
 def shard(batch: Sequence[T], rank: int, world: int) -> tuple[list[T], bool]:

@@ -35,7 +35,7 @@ from rlhf_lib.models import load_tokenizer
 from stages.base import RunContext, as_state, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.manifest import dir_digest
-from stages.models_io import model_source_digest
+from stages.models_io import local_model, model_source_digest
 from stages.tracking import StageRun
 
 READERS = {"sft": read_sft, "preferences": read_ranked, "prompts_train": read_prompts,
@@ -109,10 +109,12 @@ def _build_user(cfg: PipelineConfig):
 
     def template_tokenizer():
         # Conversational rows are rendered with the policy's chat template, when it has one.
-        return load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code) if m.name_or_path else None
+        if not m.name_or_path:
+            return None
+        return load_tokenizer(local_model(m.name_or_path, m.revision), m.revision, m.trust_remote_code)
 
     def build(run: StageRun, out_dir: Path) -> None:
-        task = build_user_task(cfg.data, Renderer(template_tokenizer))
+        task = build_user_task(cfg.data, Renderer(template_tokenizer, cfg.data.render))
         paths = {key: write_jsonl(out_dir / FILE_NAMES[key], rows) for key, rows in task.records.items()}
         name = Source(cfg.data.preferences).name
         counts = _validate_and_log(run, paths, name)

@@ -76,7 +76,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         rm = RewardScorer(reward, tokenizer, own) if reward is not None else None
         rewards = RewardSet(cfg.ppo.rewards, rm, tokenizer, prompt_columns(data_dir, "prompts_eval"),
                             cfg.eval.batch_size)
-        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
+        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows][:cfg.eval.max_prompts]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)

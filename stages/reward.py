@@ -31,7 +31,7 @@ from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge
-from stages.models_io import model_source_digest
+from stages.models_io import local_model, model_source_digest
 from stages.rm_report import render_rm_report
 from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun
@@ -42,8 +42,9 @@ def build_reward(cfg: PipelineConfig, sft_dir: Path):
     model (InstructGPT), or a fresh model of the policy's sizes (`reward.init_from_sft=false`)."""
     r = cfg.reward
     if r.name_or_path:
-        tokenizer = load_tokenizer(r.name_or_path, r.revision, r.trust_remote_code)
-        return build_reward_base(r.name_or_path, tokenizer, r.seed, r.revision, r.trust_remote_code,
+        source = local_model(r.name_or_path, r.revision)  # a .gguf or known name: its imported folder
+        tokenizer = load_tokenizer(source, r.revision, r.trust_remote_code)
+        return build_reward_base(source, tokenizer, r.seed, r.revision, r.trust_remote_code,
                                  weights_dtype(cfg.model.dtype)), tokenizer
     sft_model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
     if not r.init_from_sft:
@@ -68,7 +69,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
                         step=0)
         model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
-                                        RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs)),
+                                        RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs, rcfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         device = ProcessGroup(device=cfg.resources.device).device

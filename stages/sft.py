@@ -26,7 +26,7 @@ from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
-from stages.models_io import model_source_digest
+from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun
 
@@ -45,12 +45,14 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         preflight(cfg, "sft")  # refuse a stage that cannot fit the device before anything loads
         torch.manual_seed(cfg.model.seed)
         m = cfg.model
-        if m.name_or_path:
-            tokenizer = load_tokenizer(m.name_or_path, m.revision, m.trust_remote_code)
+        source = local_model(m.name_or_path, m.revision) if m.name_or_path else None  # a .gguf: its import
+        if source:
+            run.set_tags(base_model_tags(m.name_or_path, source))
+            tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
         else:
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,
                                         split_digits=cfg.data.task == "arithmetic")
-        model = build_policy(tokenizer, m.name_or_path, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+        model = build_policy(tokenizer, source, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                              n_positions=m.n_positions, seed=m.seed, revision=m.revision,
                              trust_remote_code=m.trust_remote_code, dtype=weights_dtype(m.dtype))
         examples = read_sft(data_dir / FILE_NAMES["sft"]).rows
@@ -62,7 +64,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
         model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
-                                        RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs)),
+                                        RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs, sft_cfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)

@@ -20,7 +20,18 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlhf_lib.config import PipelineConfig
 
-PRESETS_HINT = "start from --preset gpt2-124m or --preset qwen-0.5b"
+# The presets of pretrained models, each sized from the literature (flows/presets/).
+PRETRAINED_PRESETS = ("smollm2-hh", "gpt2-124m", "qwen-0.5b")
+
+
+def presets_hint(name: str) -> str:
+    """Where to start instead: the pretrained presets, less the one in use (an override of its own key is what
+    went wrong there)."""
+    others = [p for p in PRETRAINED_PRESETS if p != name]
+    hint = "start from " + " or ".join(f"--preset {p}" for p in others)
+    if name in PRETRAINED_PRESETS:
+        return f"the {name} preset itself is sized for it (an override changed the key), or {hint}"
+    return hint
 
 # (key, ceiling: about twice the largest rate any source above uses for that stage, the values to quote)
 LR_CEILINGS = (
@@ -53,18 +64,18 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
         if key.startswith("ppo.") and cfg.ppo.lora:
             continue  # LoRA adapters train at larger rates; no source above sizes them for PPO
         out.append(f"{key}={value:g} is sized for the built-in tiny GPT-2; a pretrained model ({loaded}) "
-                   f"fine-tunes at about {sized}: set it, or {PRESETS_HINT}")
+                   f"fine-tunes at about {sized}: set it, or {presets_hint(cfg.name)}")
     if policy and cfg.model.n_positions < MIN_POSITIONS:
         out.append(f"model.n_positions={cfg.model.n_positions} cuts every prompt + response of {policy} to that "
                    f"many tokens (the tiny model's context); the N+ details use a 512-token query and a 638-token "
-                   f"query + response: {PRESETS_HINT}")
+                   f"query + response: {presets_hint(cfg.name)}")
     if policy and cfg.ppo.logprob_chunk is None:
         out.append(f"ppo.logprob_chunk=null projects every response position of {policy} to its whole vocabulary at "
                    "once (a (rows, response, vocabulary) float32 block, kept for the backward pass): set "
-                   f"ppo.logprob_chunk=64, or {PRESETS_HINT}")
+                   f"ppo.logprob_chunk=64, or {presets_hint(cfg.name)}")
     for key in ("sft.max_length", "reward.max_length"):
         loaded = reward if key.startswith("reward.") else policy
         if loaded and _get(cfg, key) < MIN_LENGTH:
             out.append(f"{key}={_get(cfg, key)} cuts the training rows of {loaded} to that many tokens (sized for "
-                       f"the demo task's short rows): {PRESETS_HINT}")
+                       f"the demo task's short rows): {presets_hint(cfg.name)}")
     return out

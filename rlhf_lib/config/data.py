@@ -76,6 +76,14 @@ class DataConfig(Section):
     on_bad_row: Literal["error", "skip"] = Field("error", description="A bad row of user data: fail naming file, "
                                                  "line and field, or skip it and log the count and reasons.")
     max_row_chars: int = Field(20000, ge=100, description="A user row with more characters of text is a bad row.")
+    max_rows: int | None = Field(None, ge=1, description="Read at most this many valid rows of each user data "
+                                 "source (the first ones, in file order): a budget for a first run on a CPU. "
+                                 "null = every row.")
+    render: Literal["auto", "chat_template", "text"] = Field(
+        "auto", description="How user rows become the text the models read. auto: through the policy tokenizer's "
+        "chat template when it has one (HH transcripts, conversational rows and plain prompts all become messages "
+        "first), else as HH-style text; chat_template: the template, refused when there is none; text: never the "
+        "template.")
     split: str = Field("train", description="Split read from a hub data set or directory (training sources).")
     eval_split: str = Field("test", description="Split read from a hub data set or directory for "
                             "data.eval_preferences and data.eval_prompts.")

@@ -47,6 +47,8 @@ def check_endpoint(endpoint: str | None) -> str | None:
 
 class SFTConfig(Section):
     epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
+                                  "schedule ends there too): a budget for a first run. null = every epoch.")
     batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -62,6 +64,8 @@ class SFTConfig(Section):
 
 class RewardConfig(Section):
     epochs: int = Field(2, ge=1, description="Passes over the ranked lists.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
+                                  "schedule ends there too): a budget for a first run. null = every epoch.")
     batch_size: int = Field(16, ge=1, description="Ranked lists per optimizer step (all K(K-1)/2 pairs of each).")
     lr: float = Field(5e-4, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -101,6 +105,9 @@ class EvalConfig(Section):
     max_new_tokens: int = Field(32, ge=1, description="Longest response sampled on held-out prompts.")
     temperature: float = Field(0.7, gt=0, description="Sampling temperature of SFT and policy on held-out prompts.")
     samples_in_report: int = Field(16, ge=0, description="Rows in the report's sample table.")
+    max_prompts: int | None = Field(None, ge=1, description="Sample SFT and policy on the first this many held-out "
+                                    "prompts only (the reward model's held-out accuracy still covers every held-out "
+                                    "pair): a budget for a first run. null = all of them.")
     seed: int = Field(1234, description="Seed of held-out sampling (the same for SFT and policy).")
     batch_size: int = Field(64, ge=1, description="Held-out prompts per sampling and scoring batch: caps the eval's "
                             "activation memory (the seeded draws are per batch, so it is part of the samples' seed).")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .fields import bad, check_text, jtype
+from .fields import DataError, bad, check_text, jtype
 from .records import ASSISTANT_TURN
 
 if TYPE_CHECKING:
@@ -53,28 +53,40 @@ def assistant_reply(value: Any, col: str) -> str:
 
 
 class Renderer:
-    """Messages -> prompt text, assistant content -> response text.
+    """Messages -> prompt text, assistant content -> response text (`data.render`).
 
-    `load_tokenizer` is called once, at the first conversational row (plain-text data never pays for it); when it
-    returns a tokenizer with a chat template, prompts go through `apply_chat_template(..., add_generation_prompt=
-    True)` and responses are the content as is. Otherwise prompts become HH transcripts ending in "\\n\\nAssistant:"
-    and responses get the leading space that follows "Assistant:". `used` says which happened ("chat_template",
-    "hh" or None when no row was conversational).
+    `load_tokenizer` is called once, at the first row that needs it (plain-text data under `mode="text"` never
+    pays for it). Under `auto` (a template when the policy's tokenizer has one) and `chat_template` (required),
+    prompts go through `apply_chat_template(..., add_generation_prompt=True)` and responses are the content as is:
+    HH transcripts and plain string prompts become messages first (`templated`). Otherwise prompts become HH
+    transcripts ending in "\\n\\nAssistant:" and responses get the leading space that follows "Assistant:". `used`
+    says which happened ("chat_template", "hh" or None when no row was rendered).
     """
 
-    def __init__(self, load_tokenizer: Callable[[], PreTrainedTokenizerBase | None] | None = None) -> None:
+    def __init__(self, load_tokenizer: Callable[[], PreTrainedTokenizerBase | None] | None = None,
+                 mode: str = "auto") -> None:
+        if mode not in ("auto", "chat_template", "text"):
+            raise ValueError(f"render mode {mode!r}: expected auto, chat_template or text")
         self._load = load_tokenizer
+        self._mode = mode
         self._loaded = False
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self.used: str | None = None
 
     def _template(self) -> PreTrainedTokenizerBase | None:
         if not self._loaded:
-            tok = self._load() if self._load else None
+            tok = self._load() if self._load and self._mode != "text" else None
             self._tokenizer = tok if tok is not None and getattr(tok, "chat_template", None) else None
             self._loaded = True
+        if self._mode == "chat_template" and self._tokenizer is None:
+            raise DataError("data.render=chat_template: the policy's tokenizer has no chat template (or there is "
+                            "no model.name_or_path); set data.render=auto or text", kind="chat template")
         self.used = "chat_template" if self._tokenizer is not None else "hh"
         return self._tokenizer
+
+    def templated(self) -> bool:
+        """Whether text rows (HH transcripts, string prompts) become messages rendered with the chat template."""
+        return self._mode != "text" and self._template() is not None
 
     def prompt(self, messages: Messages, col: str) -> str:
         """The text of a conversation up to the assistant's next turn."""
@@ -89,6 +101,24 @@ class Renderer:
             return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # jinja2 raises TemplateError subclasses, templates also raise their own errors
             raise bad("chat template", f"field {col!r}: the chat template refused it ({e})"[:300], col) from None
+
+    def hh_prompt(self, text: str, col: str) -> str:
+        """An HH prompt ("\\n\\nHuman: ...\\n\\nAssistant:") as the model sees it: through the chat template when
+        `templated`, else as it is."""
+        if not self.templated():
+            return text
+        from .hh import transcript_messages
+
+        return self.prompt(transcript_messages(text, col), col)
+
+    def text_prompt(self, text: str) -> str:
+        """A plain string prompt: one user message through the chat template when `templated`, else as it is."""
+        return self.prompt([{"role": "user", "content": text}], "prompt") if self.templated() else text
+
+    def reply(self, text: str) -> str:
+        """An HH reply (" Hello!") as the response after a rendered prompt: without the space that follows
+        "Assistant:" under a template."""
+        return text.strip() if self.templated() else text
 
     def response(self, content: str) -> str:
         """The text of an assistant reply that follows a rendered prompt."""

@@ -86,6 +86,8 @@ def _prompt(f: Fields, r: Renderer) -> tuple[str, bool]:
     value = f.get("prompt")
     if isinstance(value, list):
         return r.prompt(check_messages(value, f.col("prompt")), f.col("prompt")), True
+    if r.templated():  # a plain prompt is one user message
+        return r.text_prompt(f.text("prompt")), True
     return f.text("prompt"), False
 
 
@@ -111,7 +113,7 @@ def parse_preference(fmt: str, f: Fields, r: Renderer) -> RankedExample:
     """One preference row of format `fmt` as a ranked list, best first."""
     if fmt == "hh":
         prompt, a, b = split_pair(f.text("chosen"), f.text("rejected"), (f.col("chosen"), f.col("rejected")))
-        return RankedExample(prompt, (a, b))
+        return RankedExample(r.hh_prompt(prompt, f.col("chosen")), (r.reply(a), r.reply(b)))
     if fmt == "conversational":
         return _conversational(f, r)
     prompt, conversational = _prompt(f, r)
@@ -136,7 +138,10 @@ def parse_sft(fmt: str, f: Fields, r: Renderer) -> SFTExample:
     """One SFT row of format `fmt` as (prompt, response)."""
     if fmt == "text":
         text = f.text("text")
-        return SFTExample(*split_transcript(text, f.col("text"))) if ASSISTANT_TURN in text else SFTExample("", text)
+        if ASSISTANT_TURN not in text:
+            return SFTExample("", text)
+        prompt, response = split_transcript(text, f.col("text"))
+        return SFTExample(r.hh_prompt(prompt, f.col("text")), r.reply(response))
     if fmt == "messages":
         col = f.col("messages")
         conv = check_messages(f.get("messages"), col)

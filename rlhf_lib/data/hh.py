@@ -10,9 +10,35 @@ would break the ~0.2 % of HH rows whose response itself contains "\\n\\nAssistan
 from __future__ import annotations
 
 import os
+import re
 
 from .fields import bad, check_text
 from .records import ASSISTANT_TURN, check_pair
+
+_TURN = re.compile(r"\n\n(Human|Assistant):")
+_ROLE = {"Human": "user", "Assistant": "assistant"}
+
+
+def transcript_messages(text: str, col: str = "text") -> list[dict[str, str]]:
+    """The messages of an HH transcript ("\\n\\nHuman: hi\\n\\nAssistant: Hello"), for the chat template: Human ->
+    user, Assistant -> assistant, each content stripped; a trailing empty "\\n\\nAssistant:" (a prompt) is dropped.
+
+    >>> transcript_messages("\\n\\nHuman: hi\\n\\nAssistant: Hello!\\n\\nHuman: and?\\n\\nAssistant:")
+    [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'Hello!'}, {'role': 'user', 'content': 'and?'}]
+    """
+    parts = _TURN.split(text)
+    if parts[0].strip() or len(parts) < 3:
+        raise bad("not a transcript", f"field {col!r}: expected an HH transcript starting with '\\n\\nHuman:'", col)
+    messages = [{"role": _ROLE[role], "content": body.strip()} for role, body in zip(parts[1::2], parts[2::2])]
+    if messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages.pop()
+    for i, m in enumerate(messages):
+        if not m["content"]:
+            raise bad("empty turn", f"field {col!r}: turn {i} ({m['role']}) is empty", col)
+    if not messages or messages[-1]["role"] != "user":
+        raise bad("no assistant turn", f"field {col!r}: the conversation does not end with a human turn to answer",
+                  col)
+    return messages
 
 
 def prompt_end(text: str, col: str) -> int:

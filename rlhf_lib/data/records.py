@@ -162,12 +162,13 @@ def ranked(f: Fields, responses: list[str]) -> tuple[str, ...]:
 
 
 def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Callable[[dict[str, Any]], T],
-            on_bad_row: OnBadRow, max_chars: int, where: str, place: Callable[[int], str] | None = None
-            ) -> ReadResult[T]:
+            on_bad_row: OnBadRow, max_chars: int, where: str, place: Callable[[int], str] | None = None,
+            max_rows: int | None = None) -> ReadResult[T]:
     """Parse numbered rows into records; a bad row raises (naming `where`, its place and field) or is counted.
 
     `rows` yields (number, object), or (number, DataError) for a row that could not even be decoded. `place` says
     where a row is: `path:<line>` by default, e.g. `path: row <n>` for sources that have rows but not lines.
+    `max_rows`: stop after that many valid rows (the rest is neither read nor checked).
     """
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
@@ -184,6 +185,8 @@ def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Calla
             if (size := n_chars(row)) > max_chars:  # type: ignore[arg-type]
                 raise bad("too long", f"row too long: {size} characters of text, more than max_chars={max_chars}")
             out.append(row)
+            if max_rows is not None and len(out) >= max_rows:
+                break
         except DataError as e:
             message = f"{place(n)}: {e}"
             # With on_bad_row="error" the first bad row fails the read, once every row is checked: the error says

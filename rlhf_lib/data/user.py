@@ -48,9 +48,10 @@ class UserTask:
 
 
 def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], renderer: Renderer,
-                on_bad_row: str, max_chars: int) -> tuple[ReadResult[Any], str]:
+                on_bad_row: str, max_chars: int, max_rows: int | None = None) -> tuple[ReadResult[Any], str]:
     """Read a `kind` source ("preferences", "sft", "prompts") in format `fmt` ("auto" detects it on the first row
-    that is an object; a source whose format cannot be told fails whatever `on_bad_row` says)."""
+    that is an object; a source whose format cannot be told fails whatever `on_bad_row` says). `max_rows` keeps
+    the first that many valid rows (the rows after them are not validated)."""
     rows, place = source_rows(src)
     head: list[tuple[int, Any]] = []
     for n, obj in rows:
@@ -70,7 +71,7 @@ def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], re
         return replace(record, category=cat) if kind == "preferences" and (cat := category(fields)) else record
 
     result = collect(chain(head, rows), parse_row, on_bad_row,  # type: ignore[arg-type]
-                     max_chars, src.spec, place)
+                     max_chars, src.spec, place, max_rows)
     return result, fmt
 
 
@@ -104,9 +105,13 @@ def build_user_task(cfg: DataConfig, renderer: Renderer) -> UserTask:
 
     def read(key: str, kind: str, split: str, fmt: str, mapping: Mapping[str, str]) -> list[Any]:
         src = Source(getattr(cfg, key), split, cfg.hub_data_dir, cfg.hub_revision)
-        result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars)
+        result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars,
+                                    cfg.max_rows)
         sources[key] = SourceReport(src.spec, found, len(result.rows), result.skipped, result.examples)
         return result.rows
+
+    if cfg.render == "chat_template":
+        renderer.templated()  # refuses now, naming the key, when the policy has no template
 
     prefs = read("preferences", "preferences", cfg.split, cfg.preferences_format, cfg.preferences_columns)
     if cfg.eval_preferences:
