@@ -37,6 +37,7 @@ from stages import artifact_cache, progress
 from stages.cache import StageResult, cache_key, lookup
 from stages.home import file_lock
 from stages.manifest import write_manifest
+from stages.peak_rss import PeakRSS
 from stages.rendezvous import FollowerDone
 from stages.tracking import (
     MODEL_NAMES,
@@ -183,7 +184,11 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             out_dir = Path(tmp) / ARTIFACT_DIR[stage]
             out_dir.mkdir()
             run.log_params(flatten(section))  # under their config keys: `ppo.lr`, `model.n_positions`
-            build(run, out_dir)
+            t_build = time.perf_counter()
+            with PeakRSS() as peak:
+                build(run, out_dir)
+            run.log_metrics({"system/peak_rss_gb": peak.bytes / 2**30,
+                             "system/build_seconds": time.perf_counter() - t_build}, step=0)
             run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)
             model_uri = publish_task(run, out_dir, lineage, digest)

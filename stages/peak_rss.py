@@ -1,0 +1,39 @@
+"""The peak resident memory of this process while a stage builds, sampled by a thread (the kernel's `ru_maxrss` is
+the peak of the process's whole life, which in `rlhf run full` covers every earlier stage). Logged on the stage's
+MLflow run as `system/peak_rss_gb`, so that `rlhf plan`'s estimate can be checked against it (benchmarks/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psutil
+
+
+class PeakRSS:
+    """`with PeakRSS() as peak: ...`, then `peak.bytes`: the largest RSS seen, every `interval_s` seconds, from the
+    start (the RSS on entry included)."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.bytes = 0
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def _read(self) -> None:
+        self.bytes = max(self.bytes, self._proc.memory_info().rss)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._read()
+
+    def __enter__(self) -> PeakRSS:
+        self._read()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
