@@ -17,21 +17,39 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Shape:
-    """Sizes of a GPT-style model: n_layer blocks of width d, MLP width f (GPT-2: 4 d), vocabulary V."""
+    """Sizes of a GPT-style model: n_layer blocks of width d, MLP width f (GPT-2: 4 d), vocabulary V; `kv` the width
+    of K and V (grouped-query attention: kv_heads x head_dim; d without it) and `gated` a SwiGLU MLP (Llama, Qwen2:
+    three d x f matrices instead of two)."""
 
     n_layer: int
     d: int
     vocab: int
     ffn: int | None = None
+    kv: int | None = None
+    gated: bool = False
 
     @property
     def f(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.d
 
+    @classmethod
+    def of(cls, config) -> Shape:
+        """The shape of a transformers config (GPT-2, GPT-NeoX, Llama, Qwen2, ...)."""
+        text = config.get_text_config()
+        d = text.hidden_size
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or d // heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        ffn = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * d
+        gated = getattr(text, "hidden_act", "") in ("silu", "swiglu") and text.model_type not in ("gpt2", "gpt_neox")
+        return cls(text.num_hidden_layers, d, text.vocab_size, ffn, kv_heads * head_dim, gated)
+
 
 def body_flops(s: Shape, tokens: int) -> int:
-    """Projection FLOPs of the transformer body for `tokens` token positions (attention scores excluded)."""
-    return 2 * s.n_layer * (4 * s.d * s.d + 2 * s.d * s.f) * tokens
+    """Projection FLOPs of the transformer body for `tokens` token positions (attention scores excluded):
+    2 L (2 d^2 + 2 d kv + m d f) per token, m = 3 for a gated MLP, else 2 (= 2 L (4 d^2 + 2 d f) for GPT-2)."""
+    kv = s.kv if s.kv is not None else s.d
+    return 2 * s.n_layer * (2 * s.d * s.d + 2 * s.d * kv + (3 if s.gated else 2) * s.d * s.f) * tokens
 
 
 def attention_flops(s: Shape, key_counts: int) -> int:

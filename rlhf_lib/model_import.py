@@ -112,8 +112,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
         raise ModelImportError(f"{path}: reading GGUF needs the `gguf` package (pip install gguf)") from None
     folder, name = str(path.parent), path.name
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # its tqdm bar of "Converting and de-quantizing GGUF tensors"
-    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # its notices; the tqdm bar "Converting and de-quantizing" is the progress
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -122,7 +121,6 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
         raise ModelImportError(f"{path}: transformers cannot read this GGUF file "
                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:400]) from None
     finally:
-        hf_logging.enable_progress_bar()
         hf_logging.set_verbosity(verbosity)
     if hasattr(config, "quantization_config"):
         del config.quantization_config

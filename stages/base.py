@@ -37,7 +37,7 @@ from stages import artifact_cache, progress
 from stages.cache import StageResult, cache_key, lookup
 from stages.home import file_lock
 from stages.manifest import write_manifest
-from stages.peak_rss import PeakRSS
+from stages.peak_rss import PeakRSS, release_freed_memory
 from stages.rendezvous import FollowerDone
 from stages.tracking import (
     MODEL_NAMES,
@@ -185,6 +185,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             out_dir.mkdir()
             run.log_params(flatten(section))  # under their config keys: `ppo.lr`, `model.n_positions`
             t_build = time.perf_counter()
+            release_freed_memory()
             with PeakRSS() as peak:
                 build(run, out_dir)
             run.log_metrics({"system/peak_rss_gb": peak.bytes / 2**30,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlhf_lib.model_import import KNOWN, import_model, is_gguf, is_known, sha256_file
+from rlhf_lib.model_import import KNOWN, ModelImportError, import_model, is_gguf, is_known, sha256_file
 from stages.artifact_cache import download
 from stages.home import file_lock, state_dir
 from stages.manifest import dir_digest
@@ -32,8 +32,16 @@ def imported_dir(name_or_path: str) -> Path | None:
     if is_known(name_or_path):
         return imported_root() / name_or_path.lower()
     if is_gguf(name_or_path):
-        return imported_root() / f"gguf-{sha256_file(Path(name_or_path).expanduser())[:16]}"
+        return imported_root() / f"gguf-{gguf_digest(name_or_path)[:16]}"
     return None
+
+
+def gguf_digest(path: str) -> str:
+    """The sha256 of a `.gguf` file, or a refusal naming it."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ModelImportError(f"{path}: no such GGUF file")
+    return sha256_file(file)
 
 
 def local_model(name_or_path: str, revision: str | None = None) -> str:
@@ -57,19 +65,46 @@ def model_source_digest(name_or_path: str | None, revision: str | None = None) -
     if is_known(name_or_path):
         return f"known:{name_or_path.lower()}:{KNOWN[name_or_path.lower()].sha256}"
     if is_gguf(name_or_path):
-        return "gguf:" + sha256_file(Path(name_or_path).expanduser())
+        return "gguf:" + gguf_digest(name_or_path)
     if Path(name_or_path).expanduser().is_dir():
         return "dir:" + dir_digest(Path(name_or_path).expanduser())
     return f"hub:{name_or_path}@{revision or 'default'}"
 
 
-def base_model_tags(name_or_path: str, source: str) -> dict[str, str]:
+def import_run(folder: Path, experiment_id: str) -> str | None:
+    """The MLflow run that records the import of `folder` (stage `import`: its source, the source file's sha256,
+    the folder's content digest, `rlhf_import.json` as an artifact), created at its first use; None for a folder
+    that was not imported. Weights are not uploaded: the digest names them, and the source file can rebuild them."""
+    from rlhf_lib.model_import import read_record
+    from stages.tracking import StageRun, newest_runs
+
+    record = read_record(folder)
+    if record is None:
+        return None
+    digest = dir_digest(folder)
+    found = newest_runs(experiment_id, "import", f"tags.`rlhf.import.folder_digest` = '{digest}'", 1)
+    if found:
+        return found[0].info.run_id
+    tags = {"rlhf.import.source": record.source, "rlhf.import.kind": record.kind,
+            "rlhf.import.sha256": record.source_sha256 or "", "rlhf.import.folder_digest": digest,
+            "rlhf.import.folder": str(folder)}
+    run = StageRun(experiment_id, "import", None, f"import-{Path(record.source).name}", tags)
+    run.log_params({"source": record.source, "kind": record.kind, "architecture": record.architecture,
+                    "parameters": record.parameters, "transformers": record.transformers})
+    run.log_dict(record.to_dict(), "rlhf_import.json")
+    run.finish()
+    return run.run_id
+
+
+def base_model_tags(name_or_path: str, source: str, experiment_id: str | None = None) -> dict[str, str]:
     """MLflow tags that tie a stage to the pretrained model it started from: the configured name, and for an
-    imported model the file it was imported from and that file's sha256 (`rlhf_import.json`)."""
+    imported model the file it was imported from, that file's sha256 (`rlhf_import.json`) and the import's run."""
     from rlhf_lib.model_import import read_record
 
     tags = {"rlhf.base_model": name_or_path}
     if (record := read_record(Path(source))) is not None:
         tags |= {"rlhf.base_model.source": record.source, "rlhf.base_model.kind": record.kind,
                  "rlhf.base_model.sha256": record.source_sha256 or ""}
+        if experiment_id and (run_id := import_run(Path(source), experiment_id)):
+            tags["rlhf.base_model.import_run"] = run_id
     return tags

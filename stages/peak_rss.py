@@ -5,9 +5,22 @@ MLflow run as `system/peak_rss_gb`, so that `rlhf plan`'s estimate can be checke
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import threading
 
 import psutil
+
+
+def release_freed_memory() -> None:
+    """Give memory that earlier stages freed back to the OS: a collection, then glibc's `malloc_trim(0)` (freed
+    blocks otherwise stay in the process's heap, so `rlhf run full` would carry SFT's peak into the reward stage's
+    RSS). A no-op where there is no glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class PeakRSS:

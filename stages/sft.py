@@ -47,7 +47,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         m = cfg.model
         source = local_model(m.name_or_path, m.revision) if m.name_or_path else None  # a .gguf: its import
         if source:
-            run.set_tags(base_model_tags(m.name_or_path, source))
+            run.set_tags(base_model_tags(m.name_or_path, source, run.run.info.experiment_id))
             tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
         else:
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,
@@ -64,7 +64,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
         model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
-                                        RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs, sft_cfg.max_steps)),
+                                        RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs,
+                                                               sft_cfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))
         run.log_metrics(final, step=0)
         save_model(model, tokenizer, out_dir)

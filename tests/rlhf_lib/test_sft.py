@@ -63,3 +63,16 @@ def test_micro_batch_tokens_give_the_one_forward_loss_and_gradient(tiny_tokenize
     assert math.isclose(l2, l1, rel_tol=1e-5)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_max_steps_ends_training_and_its_schedule_there(tiny_tokenizer, tiny_policy):
+    from rlhf_lib.config import SFTConfig
+    from rlhf_lib.data.records import SFTExample
+    from rlhf_lib.sft import train_sft
+
+    examples = [SFTExample("\n\nHuman: tell me about topic 1\n\nAssistant:", " Sure.")] * 10
+    seen = []
+    cfg = SFTConfig(epochs=3, batch_size=4, lr=1e-3, max_length=32, max_steps=4)  # 9 steps without the cap
+    final, _ = train_sft(tiny_policy, tiny_tokenizer, examples, cfg, log=lambda step, m: seen.append((step, m)))
+    assert final["sft/steps"] == 4 and [s for s, _ in seen] == [0, 1, 2, 3]
+    assert seen[-1][1]["sft/lr"] == 0.0  # the linear decay reaches 0 at max_steps, not at epoch 3's end

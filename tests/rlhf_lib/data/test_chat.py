@@ -69,3 +69,40 @@ def test_check_messages(value, match):
 
 def test_check_messages_keeps_role_and_content_only():
     assert check_messages([{"role": "user", "content": "x", "name": "bob"}], "m") == [{"role": "user", "content": "x"}]
+
+
+# data.render: HH transcripts and plain prompts become messages under a chat template (issue: real models first).
+HH_ROW = {"chosen": "\n\nHuman: hi\n\nAssistant: Hello!\n\nHuman: and you?\n\nAssistant: Fine, thanks.",
+          "rejected": "\n\nHuman: hi\n\nAssistant: Hello!\n\nHuman: and you?\n\nAssistant: Go away."}
+
+
+def test_hh_transcripts_go_through_the_chat_template(templated_dir):
+    r = Renderer(lambda: load_tokenizer(templated_dir))
+    ex = parse_preference("hh", Fields(HH_ROW), r)
+    assert ex.prompt == "<|user|>hi\n<|assistant|>Hello!\n<|user|>and you?\n<|assistant|>"
+    assert ex.responses == ("Fine, thanks.", "Go away.") and r.used == "chat_template"
+    plain = parse_preference("standard", Fields({"prompt": "Tips?", "chosen": "Rest.", "rejected": "No."}), r)
+    assert plain.prompt == "<|user|>Tips?\n<|assistant|>" and plain.responses == ("Rest.", "No.")
+
+
+def test_render_text_keeps_hh_text_even_with_a_template(templated_dir):
+    r = Renderer(lambda: load_tokenizer(templated_dir), mode="text")
+    ex = parse_preference("hh", Fields(HH_ROW), r)
+    assert ex.prompt == "\n\nHuman: hi\n\nAssistant: Hello!\n\nHuman: and you?\n\nAssistant:"
+    assert ex.responses == (" Fine, thanks.", " Go away.")
+
+
+def test_render_chat_template_refuses_a_tokenizer_without_one(tiny_tokenizer):
+    r = Renderer(lambda: tiny_tokenizer, mode="chat_template")
+    with pytest.raises(DataError, match="data.render=chat_template: the policy's tokenizer has no chat template"):
+        r.templated()
+    with pytest.raises(DataError, match="data.render=chat_template"):  # every time, not only the first
+        r.templated()
+
+
+def test_an_sft_transcript_is_split_and_templated(templated_dir):
+    from rlhf_lib.data.formats import parse_sft
+
+    r = Renderer(lambda: load_tokenizer(templated_dir))
+    ex = parse_sft("text", Fields({"text": HH_ROW["chosen"]}), r)
+    assert ex.prompt.endswith("<|user|>and you?\n<|assistant|>") and ex.response == "Fine, thanks."

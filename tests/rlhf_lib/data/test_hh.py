@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf_lib.data import DataError
-from rlhf_lib.data.hh import split_pair, split_transcript
+from rlhf_lib.data.hh import split_pair, split_transcript, transcript_messages
 
 A = "\n\nAssistant:"
 
@@ -84,3 +84,29 @@ def test_split_pair_raises_only_data_error(chosen, rejected):
     except DataError:
         return
     assert prompt.endswith(A) and chosen == prompt + a and rejected == prompt + b and a.strip() != b.strip()
+
+
+# Transcripts as messages, for chat templates.
+
+_turn_text = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30).filter(
+    lambda t: t.strip() and "\n\nHuman:" not in t and "\n\nAssistant:" not in t)
+
+
+@given(st.lists(_turn_text, min_size=1, max_size=6))
+def test_transcript_messages_round_trip(turns):
+    """Alternating turns ending with a human one, as HH prompts are: the messages are those turns, stripped."""
+    if len(turns) % 2 == 0:
+        turns = turns[:-1]
+    roles = ["Human" if i % 2 == 0 else "Assistant" for i in range(len(turns))]
+    text = "".join(f"\n\n{r}: {t}" for r, t in zip(roles, turns)) + "\n\nAssistant:"
+    got = transcript_messages(text)
+    assert [m["role"] for m in got] == ["user" if r == "Human" else "assistant" for r in roles]
+    assert [m["content"] for m in got] == [t.strip() for t in turns]
+
+
+def test_transcript_messages_refuse_what_is_not_a_transcript():
+    for text, reason in (("Hello\n\nHuman: hi\n\nAssistant:", "expected an HH transcript"),
+                         ("\n\nHuman: \n\nAssistant:", "is empty"),
+                         ("\n\nHuman: hi\n\nAssistant: Hello!", "does not end with a human turn")):
+        with pytest.raises(DataError, match=reason):
+            transcript_messages(text, "chosen")

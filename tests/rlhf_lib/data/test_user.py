@@ -165,3 +165,12 @@ def test_a_category_that_is_not_text_names_the_field(tmp_path):
     prefs = jsonl(tmp_path / "p.jsonl", [hh(1) | {"category": ["a"]}])
     with pytest.raises(DataError, match="field 'category': expected a string, got list"):
         read_source("preferences", Source(str(prefs)), "auto", {}, Renderer(), "error", 20000)
+
+
+def test_max_rows_keeps_the_first_valid_rows_of_each_source(tmp_path):
+    prefs = jsonl(tmp_path / "prefs.jsonl", [hh(1), hh(2, a="  "), *(hh(i) for i in range(3, 30))])
+    held = jsonl(tmp_path / "held.jsonl", [hh(i) for i in range(100, 120)])
+    cfg = DataConfig(preferences=str(prefs), eval_preferences=str(held), on_bad_row="skip", max_rows=5)
+    task = build_user_task(cfg, Renderer())
+    assert [ex.prompt for ex in task.records["preferences"]] == [hh(i)["chosen"][:-4] for i in (1, 3, 4, 5, 6)]
+    assert len(task.records["eval_pairs"]) == 5 and task.sources["preferences"].skipped == {"empty reply": 1}
