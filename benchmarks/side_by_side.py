@@ -4,6 +4,9 @@ alternated A B A B ... in one session so both see the same machine, compared pai
 
     bash benchmarks/setup_trl_venv.sh                    # once: the TRL side's venv (benchmarks/.trl-venv)
     python benchmarks/side_by_side.py --pairs 3 --iterations 30 [--set ppo.critic=shared]
+    python benchmarks/side_by_side.py --pairs 1 --iterations 4 --preset smollm2-hh \
+        --set ppo.stop_at_eos=false --set resources.mixed_precision=no ... \
+        --trl model_path=.rlhf/imported/smollm2 --trl rollout_batch_size=8 ...   # a real model (RESULTS.md)
 
 Each run is a fresh process; its last stdout line is a JSON summary with the same key names on both sides. The
 table gives, per pair, s/iteration (median), generated tokens/s and peak RSS of each side and their ratio
@@ -47,8 +50,13 @@ def commands(args) -> dict[str, tuple[list[str], dict[str, str]]]:
     trl_env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "HF_HUB_OFFLINE": "1"}
     trl = [args.trl_python, str(HERE / "trl_ppo_baseline.py"), "--iterations", str(args.iterations),
            "--output-dir", str(args.log_dir / "trl-out")]
+    for item in args.trl or []:
+        key, _, value = item.partition("=")
+        trl += [f"--{key.replace('_', '-')}", value]
     ours_env = {**os.environ, "PYTHONPATH": str(args.ours_root), "HF_HUB_OFFLINE": "1"}
     ours = [args.ours_python, "-m", "flows.cli", "bench", "ppo", "--json", "--set", f"bench.iterations={args.iterations}"]
+    if args.preset:
+        ours += ["--preset", args.preset]
     for s in args.set or []:
         ours += ["--set", s]
     return {"trl": (trl, trl_env), "ours": (ours, ours_env)}
@@ -83,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ours-root", type=Path, default=ROOT, help="checkout whose code runs as ours (A/B of patches)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="passed on to `rlhf bench ppo` (its keys: "
                    "the pipeline's plus bench.*); the TRL side keeps its own configuration")
+    p.add_argument("--preset", help="preset of `rlhf bench ppo` (default its own: trl-baseline)")
+    p.add_argument("--trl", action="append", metavar="KEY=VALUE", help="a key of the TRL side's CONFIG "
+                   "(trl_ppo_baseline.py), e.g. model_path=DIR or rollout_batch_size=8")
     p.add_argument("--out", type=Path, default=None, help="record file (default benchmarks/results/...)")
     args = p.parse_args(argv)
     if not Path(args.trl_python).exists():

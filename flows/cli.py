@@ -255,6 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console as RichConsole
     from rich.table import Table
 
+    from flows.console import clock
     from rlhf_lib.memory import STAGES, GiB, MemoryBudgetError, check, device_budget, estimate, human
     from rlhf_lib.shapes import resolve_models
 
@@ -264,6 +265,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
               else device_budget(cfg.resources))
     models = resolve_models(cfg)
     estimates = [estimate(cfg, stage, models) for stage in args.stage or STAGES]
+    times = None
+    if not args.no_time:
+        from benchmarks.stage_time import estimate_times
+        from rlhf_lib.shapes import model_configs
+
+        times = estimate_times(cfg, *model_configs(cfg))
     refusals: dict[str, str] = {}
     for est in estimates:
         try:
@@ -272,21 +279,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
             refusals[est.stage] = str(e)
     if args.json:
         print(json.dumps({"budget_bytes": budget[0] if budget else None, "budget": budget[1] if budget else None,
-                          "stages": [est.to_dict() | {"fits": est.stage not in refusals} for est in estimates]}))
+                          "stages": [est.to_dict() | {"fits": est.stage not in refusals} for est in estimates],
+                          "time": times}))
     else:
         table = Table("stage", "weights", "grads", "Adam", "activations (peak phase)", "runtime", "total", "fits",
-                      "largest part", title=f"Memory of one device (GB = GiB), {cfg.resources.num_processes} "
-                      f"process(es); budget: {f'{human(budget[0])} ({budget[1]})' if budget else 'none (no check)'}")
+                      "time (est.)", "largest part", title=f"Memory of one device (GB = GiB), "
+                      f"{cfg.resources.num_processes} process(es); budget: "
+                      f"{f'{human(budget[0])} ({budget[1]})' if budget else 'none (no check)'}")
         for est in estimates:
             k, top = est.by_kind(), est.largest(1)[0]
+            seconds = times["stages"][est.stage]["seconds"] if times else None
             table.add_row(est.stage, *(human(k[kind]) for kind in ("weights", "grads", "adam")),
                           f"{human(k['activations'])} ({est.peak_phase})", human(k["runtime"]), human(est.total),
                           "-" if not budget else "no" if est.stage in refusals else "yes",
-                          f"{top.kind}: {top.name} {human(top.bytes)}")
+                          "-" if seconds is None else clock(seconds), f"{top.kind}: {top.name} {human(top.bytes)}")
         out = RichConsole(highlight=False, width=160)
         out.print(", ".join(f"{role}: {n:,} parameters" for role, n in estimates[0].params.items())
                   + f"; trained weights in {models.dtype}, frozen in {cfg.resources.frozen_dtype}")
         out.print(table)
+        if times:
+            eff = ", ".join(f"{kind} {share:.0%}" for kind, share in times["efficiency"].items())
+            out.print(f"time: FLOPs over a {times['roofline_gflops']:g} GFLOP/s roofline ({times['roofline']}, "
+                      f"measured now) at the shares measured on a 2-core CPU ({eff}); token counts from "
+                      f"{'the data' if times['lengths'] == 'data' else 'the configured caps (an upper bound)'}")
     for message in refusals.values():
         print(f"rlhf: out of memory: {message}", file=sys.stderr, flush=True)
     return 1 if refusals else 0
@@ -355,6 +370,8 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--budget-gb", type=float, help="memory of one device in GB (GiB); default resources.memory_gb, "
                     "else the GPU's total memory, else no check")
     pl.add_argument("--json", action="store_true", help="print the estimates as one JSON object")
+    pl.add_argument("--no-time", action="store_true", help="skip the time estimate (it measures a matmul roofline "
+                    "for a second, and reads and tokenizes local user data)")
     pl.set_defaults(fn=cmd_plan)
     u = sub.add_parser("up", help="start the Prefect server, MLflow server and deployments")
     u.add_argument("--preset", default="demo", help=f"the preset the deployments default to, one of: {presets}")

@@ -17,6 +17,7 @@ from rlhf_lib.data.records import PairExample, RankedExample
 from rlhf_lib.devices import module_device
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
+from rlhf_lib.lora import add_lora, merge_in_place, trainable
 from rlhf_lib.ppo.scoring import no_cache, sequence_scores
 from rlhf_lib.prompt_sharing import prompt_groups, shared_prompt_scores, supports_prompt_sharing
 from rlhf_lib.training import (
@@ -169,7 +170,9 @@ def train_reward_model(
     seed_everything(cfg.seed)
     group = group or ProcessGroup()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs, cfg.max_steps)  # the schedule ends at max_steps
-    opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    adapted = (add_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.seed, "SEQ_CLS", ["score"])
+               if cfg.lora else None)
+    opt, sched = adamw_with_linear_schedule(trainable(model), cfg.lr, cfg.weight_decay, total)
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
     model.train()
@@ -197,6 +200,8 @@ def train_reward_model(
                        "reward/grad_norm": grad_norm, "reward/lr": sched.get_last_lr()[0],
                        "reward/epoch": float(epoch)})
     run.finish()
+    if adapted is not None:
+        merge_in_place(adapted)  # `model` is a plain transformers model again, with the trained weights
     return {"reward/train_accuracy_ema": float(acc_ema or 0.0), "reward/steps": float(total)}, run.model
 
 

@@ -15,6 +15,7 @@ from rlhf_lib.data.records import SFTExample
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
 from rlhf_lib.ppo.scoring import no_cache
+from rlhf_lib.lora import add_lora, merge_in_place, trainable
 from rlhf_lib.training import (
     SupervisedRun,
     adamw_with_linear_schedule,
@@ -82,7 +83,8 @@ def train_sft(
     seed_everything(cfg.seed)
     group = group or ProcessGroup()
     total = n_batches(len(examples), cfg.batch_size, cfg.epochs, cfg.max_steps)  # the schedule ends at max_steps
-    opt, sched = adamw_with_linear_schedule(model.parameters(), cfg.lr, cfg.weight_decay, total)
+    adapted = add_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.seed) if cfg.lora else None
+    opt, sched = adamw_with_linear_schedule(trainable(model), cfg.lr, cfg.weight_decay, total)
     run = SupervisedRun(group, model, opt, gradient_checkpointing)
     model = run.model
     model.train()
@@ -102,6 +104,8 @@ def train_sft(
         if log and group.is_main:
             log(step, metrics)
     run.finish()
+    if adapted is not None:
+        merge_in_place(adapted)  # `model` is a plain transformers model again, with the trained weights
     return {"sft/final_loss_ema": float(ema or 0.0), "sft/steps": float(total)}, run.model
 
 

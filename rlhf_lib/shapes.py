@@ -236,15 +236,23 @@ class Models:
     reward_dtype: str
 
 
-def resolve_models(cfg: PipelineConfig) -> Models:
-    """Each model's shape from the config: model.name_or_path (or the fresh GPT-2 of model.n_*), reward.name_or_path
-    or the policy's architecture, and the value model from the RM (ppo.value_init=reward; the stage takes the SFT
-    model instead when the RM reads other token ids) or from the SFT model."""
+def model_configs(cfg: PipelineConfig) -> tuple[PretrainedConfig, PretrainedConfig]:
+    """The transformers configs of the policy (model.name_or_path, or the fresh GPT-2 of model.n_*) and of the
+    reward model's base (reward.name_or_path, else the policy's)."""
     m, rw = cfg.model, cfg.reward
     pc = (model_config(m.name_or_path, "model.name_or_path", m.revision, m.trust_remote_code) if m.name_or_path
           else fresh_gpt2_config(m.vocab_size, m.n_layer, m.n_head, m.n_embd, m.n_positions))
     rc = (model_config(rw.name_or_path, "reward.name_or_path", rw.revision, rw.trust_remote_code)
           if rw.name_or_path else pc)
+    return pc, rc
+
+
+def resolve_models(cfg: PipelineConfig) -> Models:
+    """Each model's shape from the config: model.name_or_path (or the fresh GPT-2 of model.n_*), reward.name_or_path
+    or the policy's architecture, and the value model from the RM (ppo.value_init=reward; the stage takes the SFT
+    model instead when the RM reads other token ids) or from the SFT model."""
+    m, rw = cfg.model, cfg.reward
+    pc, rc = model_configs(cfg)
     lora = (cfg.ppo.lora_r, cfg.ppo.lora_target_modules) if cfg.ppo.lora else None
     policy = measure(pc, "causal", lora, m.trust_remote_code)
     reward = measure(rc, "scalar", None, rw.trust_remote_code if rw.name_or_path else m.trust_remote_code)

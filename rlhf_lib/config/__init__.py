@@ -35,6 +35,15 @@ class PipelineConfig(Section):
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads, set once per process.")
 
     @model_validator(mode="after")
+    def _supervised_lora_in_one_process(self) -> "PipelineConfig":
+        r = self.resources
+        for stage in ("sft", "reward"):
+            if getattr(self, stage).lora and (r.num_processes > 1 or r.num_machines > 1):
+                raise ValueError(f"{stage}.lora trains in one process: set resources.num_processes=1 (and "
+                                 "resources.num_machines=1), or turn it off")
+        return self
+
+    @model_validator(mode="after")
     def _room_for_prompts(self) -> "PipelineConfig":
         # Prompt + response must fit the position embeddings; leave at least 8 tokens of prompt.
         for section in ("ppo", "eval"):

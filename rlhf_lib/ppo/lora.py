@@ -21,22 +21,11 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
 
 def add_lora(policy: PreTrainedModel, r: int, alpha: float, target_modules: list[str] | None,
              seed: int = 0) -> PeftModel:
-    """Inject LoRA adapters into `policy` in place (dropout 0: dropout stays off in RLHF-PPO); return the peft
-    wrapper. The adapters start as a no-op (B = 0), so the adapted policy equals the reference at iteration 0.
-    peft draws A's initial values from torch's global RNG; they are drawn from `seed` here (the global state is
-    left as it was), so they do not depend on what the process did before (SFT trained in this process or taken
-    from the cache) and every process of an `accelerate launch` group starts from those of one process."""
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as e:  # pragma: no cover - peft is a pinned dependency
-        raise ImportError("ppo.lora needs peft: pip install peft") from e
-    # GPT-2 stores its projections as Conv1D (weight transposed): peft must be told, or it warns and guesses.
-    fan_in_fan_out = getattr(policy.config, "model_type", "") == "gpt2"
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=target_modules, bias="none",
-                        task_type="CAUSAL_LM", fan_in_fan_out=fan_in_fan_out)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return get_peft_model(policy, config)
+    """`rlhf_lib.lora.add_lora` on the policy: the adapters start as a no-op (B = 0), so the adapted policy equals
+    the reference at iteration 0, and every process of an `accelerate launch` group starts from the same A."""
+    from rlhf_lib.lora import add_lora as inject
+
+    return inject(policy, r, alpha, target_modules, seed)
 
 
 @contextmanager

@@ -84,3 +84,33 @@ def test_a_tokenizer_without_pad_trains_every_stage(family, no_pad_tokenizer, tm
     out = policy.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tok.pad_token_id)
     width = batch["input_ids"].shape[1]
     assert out.shape[0] == 2 and width < out.shape[1] <= width + 4
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_lora_trains_adapters_only_and_merges_them_before_saving(stage, tiny_tokenizer, tiny_policy, tmp_path):
+    """`sft.lora` / `reward.lora`: only the adapters (and the RM's head) change during training; the model that
+    comes back is a plain transformers model whose weights moved, and it saves and loads without peft."""
+    from rlhf_lib.config import PipelineConfig
+
+    examples = [SFTExample(f"\n\nHuman: tell me about topic {i}\n\nAssistant:", f" Sure, topic {i} is nice.")
+                for i in range(6)]
+    if stage == "sft":
+        model = tiny_policy
+        cfg = SFTConfig(epochs=1, batch_size=3, lr=1e-2, max_length=48, lora=True, lora_r=4)
+        train = train_sft
+    else:
+        model = build_scalar_model(tiny_policy, seed=1)
+        cfg = RewardConfig(epochs=1, batch_size=3, lr=1e-2, max_length=48, lora=True, lora_r=4)
+        examples = [RankedExample(e.prompt, (e.response, " No.")) for e in examples]
+        train = train_reward_model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, tiny_tokenizer, examples, cfg)
+    after = model.state_dict()
+    assert set(after) == set(before)  # no lora_A / lora_B / base_layer keys left: merged and unloaded
+    assert not any(torch.equal(before[k], after[k]) for k in after if "attn.c_attn.weight" in k)  # merged in
+    if stage == "reward":
+        assert not torch.equal(before["score.weight"], after["score.weight"])  # the head trains whole
+    model.save_pretrained(tmp_path)
+    assert not (tmp_path / "adapter_config.json").exists()
+    with pytest.raises(ValueError, match="sft.lora trains in one process"):
+        PipelineConfig.model_validate({"sft": {"lora": True}, "resources": {"num_processes": 2}})
