@@ -45,7 +45,19 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return endpoint
 
 
-class SFTConfig(Section):
+class LoRAKeys(Section):
+    """LoRA keys of the supervised stages (`sft.lora`, `reward.lora`)."""
+
+    lora: bool = Field(False, description="Train LoRA adapters (peft) instead of every weight (a reward model's "
+                       "scalar head trains whole); they are merged into the weights before the model is saved (a "
+                       "plain transformers model). One process only (resources.num_processes=1).")
+    lora_r: int = Field(8, ge=1, description="LoRA rank.")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r).")
+    lora_target_modules: list[str] | None = Field(None, description="Module names that get adapters; null = peft's "
+                                                  "default for the architecture.")
+
+
+class SFTConfig(LoRAKeys):
     epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
                                   "schedule ends there too): a budget for a first run. null = every epoch.")
@@ -60,16 +72,9 @@ class SFTConfig(Section):
                                            "tokens, with one backward, so this saves compute, not activation "
                                            "memory. null = one forward per batch.")
     seed: int = Field(0, description="Seed of data order.")
-    lora: bool = Field(False, description="Train LoRA adapters (peft) instead of every weight; they are "
-                       "merged into the weights before the model is saved (a plain transformers model). One process "
-                       "only (resources.num_processes=1).")
-    lora_r: int = Field(8, ge=1, description="LoRA rank.")
-    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r).")
-    lora_target_modules: list[str] | None = Field(None, description="Module names that get adapters; null = peft's "
-                                                  "default for the architecture.")
 
 
-class RewardConfig(Section):
+class RewardConfig(LoRAKeys):
     epochs: int = Field(2, ge=1, description="Passes over the ranked lists.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
                                   "schedule ends there too): a budget for a first run. null = every epoch.")
@@ -106,13 +111,6 @@ class RewardConfig(Section):
                                      "directory), with its own tokenizer; null = from the policy's (see init_from_sft).")
     revision: str | None = Field(None, description="Git revision of a hub reward base model.")
     trust_remote_code: bool = Field(False, description="Let from_pretrained run the reward base model's own code.")
-    lora: bool = Field(False, description="Train LoRA adapters (peft) instead of every weight of the backbone (the "
-                       "scalar head trains whole); they are merged into the weights before the model is saved (a "
-                       "plain transformers model). One process only (resources.num_processes=1).")
-    lora_r: int = Field(8, ge=1, description="LoRA rank.")
-    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r).")
-    lora_target_modules: list[str] | None = Field(None, description="Module names that get adapters; null = peft's "
-                                                  "default for the architecture.")
 
 
 class EvalConfig(Section):
