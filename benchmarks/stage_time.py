@@ -105,14 +105,37 @@ def local_tokenizer(cfg: PipelineConfig):
     return load_tokenizer(folder, trust_remote_code=cfg.model.trust_remote_code)
 
 
+SAMPLE_ROWS = 512
+
+
+def local_data(cfg: PipelineConfig) -> bool:
+    """Whether every configured user data source is a local file or folder (a hub data set would be downloaded)."""
+    from rlhf_lib.data.sources import Source
+
+    d = cfg.data
+    specs = [getattr(d, k) for k in ("preferences", "eval_preferences", "sft", "prompts", "eval_prompts")]
+    return d.user_data and all(Source(s).kind != "hub" for s in specs if s)
+
+
 def lengths(cfg: PipelineConfig) -> Lengths:
-    """`lengths_from_data` where the user's data and the policy's tokenizer are here, else `lengths_from_caps`."""
-    if cfg.data.user_data and (tokenizer := local_tokenizer(cfg)) is not None:
+    """`lengths_from_data` where the user's data is local and the policy's tokenizer is here, on at most
+    `SAMPLE_ROWS` rows of each source (`data.max_rows` when smaller; the row counts are then those of the sample,
+    so a larger data set is only right in its mean lengths), else `lengths_from_caps`."""
+    if local_data(cfg) and (tokenizer := local_tokenizer(cfg)) is not None:
+        sample = cfg.model_copy(update={"data": cfg.data.model_copy(
+            update={"max_rows": min(cfg.data.max_rows or SAMPLE_ROWS, SAMPLE_ROWS)})})
         try:
-            return lengths_from_data(cfg, tokenizer)
-        except (OSError, ValueError):  # a hub data set (no network) or a file the data stage would refuse
+            return lengths_from_data(sample, tokenizer)
+        except (OSError, ValueError):  # a file the data stage would refuse: its error comes with the run
             pass
     return lengths_from_caps(cfg)
+
+
+def list_size(cfg: PipelineConfig) -> int:
+    """Responses per ranked list: data.responses_per_list for the built-in tasks and ranked or scored user data, 2
+    for pairs (HH, standard, conversational, and `auto`, which most user data is)."""
+    pairs = cfg.data.user_data and cfg.data.preferences_format not in ("ranked", "scored")
+    return 2 if pairs else cfg.data.responses_per_list
 
 
 def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> dict[str, dict[str, float]]:
@@ -124,7 +147,7 @@ def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> di
 
     lists = min(n_batches(ln.lists, r.batch_size, r.epochs, r.max_steps) * r.batch_size, r.epochs * ln.lists)
     tp, tr = round(ln.rm_prompt), round(ln.rm_response)
-    k = 2 if cfg.data.user_data else cfg.data.responses_per_list
+    k = list_size(cfg)
     if r.share_prompts:  # the prompt once, each response on its cache
         per_list = (body_flops(rm, tp) + attention_flops(rm, causal_keys(tp))
                     + k * (body_flops(rm, tr) + attention_flops(rm, causal_keys(tr, past=tp))))

@@ -217,7 +217,7 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     import time
 
     configure_env(use_services=False)
-    from rlhf_lib.model_import import import_model
+    from rlhf_lib.model_import import ModelImportError, import_model
     from stages.home import file_lock
     from stages.models_io import imported_dir, imported_root, import_run
     from stages.tracking import setup_mlflow, tracking_uri
@@ -225,7 +225,11 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out = Path(args.out).resolve() if args.out else imported_dir(args.source)
     if out is None:  # a folder or a hub id, imported under its last name
-        out = imported_root() / Path(args.source.rstrip("/")).name
+        local = Path(args.source).expanduser()
+        name = local.resolve().name if local.is_dir() else args.source.rstrip("/").rsplit("/", 1)[-1]
+        if not name:
+            raise ModelImportError(f"{args.source}: name the folder to write (rlhf import-model SOURCE OUT)")
+        out = imported_root() / name
     with file_lock(f"import-{out.name}"):
         record = import_model(args.source, out, args.revision, wheel_cache=imported_root() / ".wheels")
     run_id = import_run(out, setup_mlflow())

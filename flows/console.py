@@ -67,11 +67,14 @@ class LineProgress:
 
     def __call__(self, stage: str, step: int, total: int, figures: dict[str, float]) -> None:
         t = self.now()
-        new_run = step <= self.step.get(stage, 0)  # steps went back: the stage runs again (another seed)
-        self.step[stage] = step
-        if stage not in self.started or new_run:
-            self.started[stage], self.last[stage] = (t, step), t
+        previous = self.step.get(stage)
+        if previous == step:  # the same step again (PPO reports an iteration again after its held-out eval)
             return
+        self.step[stage] = step
+        if previous is None or step < previous:  # the first report, or steps went back: the stage runs again
+            self.started[stage], self.last[stage] = (t, step), t
+            if step < total:  # a stage that reports its last step first (one step, a resumed run) still ends
+                return
         if step < total and t - self.last[stage] < self.every_s:
             return
         self.last[stage] = t

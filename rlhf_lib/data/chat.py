@@ -81,8 +81,13 @@ class Renderer:
         if self._mode == "chat_template" and self._tokenizer is None:
             raise DataError("data.render=chat_template: the policy's tokenizer has no chat template (or there is "
                             "no model.name_or_path); set data.render=auto or text", kind="chat template")
-        self.used = "chat_template" if self._tokenizer is not None else "hh"
         return self._tokenizer
+
+    def _rendered(self) -> PreTrainedTokenizerBase | None:
+        """The template tokenizer, for a row that is rendered here: `used` says how."""
+        tok = self._template()
+        self.used = "chat_template" if tok is not None else "hh"
+        return tok
 
     def templated(self) -> bool:
         """Whether text rows (HH transcripts, string prompts) become messages rendered with the chat template."""
@@ -93,7 +98,7 @@ class Renderer:
         if messages[-1]["role"] == "assistant":
             raise bad("prompt ends with assistant", f"field {col!r}: the prompt's last message is the assistant's; "
                       "nothing is left for the model to answer", col)
-        tok = self._template()
+        tok = self._rendered()
         if tok is None:
             turns = "".join(f"\n\n{HH_ROLES.get(m['role'], m['role'].title())}: {m['content']}" for m in messages)
             return turns + ASSISTANT_TURN
@@ -122,6 +127,6 @@ class Renderer:
 
     def response(self, content: str) -> str:
         """The text of an assistant reply that follows a rendered prompt."""
-        if self._template() is not None or content[:1].isspace():
+        if self._rendered() is not None or content[:1].isspace():
             return content
         return " " + content

@@ -26,7 +26,7 @@ from typing import Any
 
 from .chat import Renderer, assistant_reply, check_messages, is_messages
 from .fields import DataError, Fields, bad
-from .hh import split_pair, split_transcript
+from .hh import HUMAN_TURN, split_pair, split_transcript
 from .records import ASSISTANT_TURN, PromptExample, RankedExample, SFTExample, check_no_ties, check_pair, ranked
 
 PREFERENCE_FORMATS = ("hh", "standard", "conversational", "ranked", "scored")
@@ -86,8 +86,11 @@ def _prompt(f: Fields, r: Renderer) -> tuple[str, bool]:
     value = f.get("prompt")
     if isinstance(value, list):
         return r.prompt(check_messages(value, f.col("prompt")), f.col("prompt")), True
-    if r.templated():  # a plain prompt is one user message
-        return r.text_prompt(f.text("prompt")), True
+    if r.templated():  # an HH prompt becomes its turns, any other plain prompt one user message
+        text = f.text("prompt")
+        if text.startswith(HUMAN_TURN) and text.endswith(ASSISTANT_TURN):
+            return r.hh_prompt(text, f.col("prompt")), True
+        return r.text_prompt(text), True
     return f.text("prompt"), False
 
 

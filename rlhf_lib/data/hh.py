@@ -15,7 +15,8 @@ import re
 from .fields import bad, check_text
 from .records import ASSISTANT_TURN, check_pair
 
-_TURN = re.compile(r"\n\n(Human|Assistant):")
+HUMAN_TURN = "\n\nHuman:"
+_TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
 _ROLE = {"Human": "user", "Assistant": "assistant"}
 
 

@@ -20,3 +20,10 @@ def test_progress_lines_are_throttled_and_carry_an_eta():
     p("sft", 5, 5, {})
     assert lines[-1] == "sft: step 5/5 (100 %)  elapsed 15:00  eta done"
     assert clock(3725) == "1:02:05"
+    p("ppo", 1, 2, {})
+    t[0] = 1100.0
+    p("ppo", 2, 2, {"score": 1.0})
+    p("ppo", 2, 2, {"score": 1.0})  # PPO reports its last iteration again after the held-out eval: no new run
+    assert lines[-1] == "ppo: step 2/2 (100 %)  score 1  elapsed 1:40  eta done" and len(lines) == 5
+    p("one", 1, 1, {})  # a stage of one step still says it is done
+    assert lines[-1] == "one: step 1/1 (100 %)  elapsed 0:00  eta done"

