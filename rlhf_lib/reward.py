@@ -234,6 +234,27 @@ def score_texts(
     return scores
 
 
+@torch.no_grad()
+def pair_scores(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample],
+                max_length: int, batch_size: int = 64, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) reward-model scores of held-out pairs, EOS appended as in training. A pair's two rows
+    run in one forward of at most `batch_size` rows, pairs in order of length, with their shared prompt run once
+    (`step_scores`, where the model allows it): the scores of `score_texts`, up to float rounding, for about half
+    its work on long prompts. Shapes: N pairs -> (N,), (N,) float32 on the CPU."""
+    device = module_device(model)
+    share = share_prompts and supports_prompt_sharing(model)
+    encoded = [encode_prompt_response(tokenizer, p.prompt, r, max_length) for p in pairs
+               for r in (p.chosen, p.rejected)]
+    order = sorted(range(len(pairs)), key=lambda i: (max(len(encoded[2 * i][0]), len(encoded[2 * i + 1][0])), i))
+    per_forward = max(1, batch_size // 2)
+    scores = torch.zeros(len(encoded))
+    for i in range(0, len(order), per_forward):
+        rows = [r for k in order[i : i + per_forward] for r in (2 * k, 2 * k + 1)]
+        scores[rows] = step_scores(model, [encoded[r] for r in rows], tokenizer.pad_token_id, None, device,
+                                   share).float().cpu()
+    return scores[0::2], scores[1::2]
+
+
 def pairwise_accuracy(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample], max_length: int,
     batch_size: int = 64,

@@ -24,7 +24,7 @@ from rlhf_lib.models import (
     fit_length,
     load_tokenizer,
 )
-from rlhf_lib.reward import score_texts
+from rlhf_lib.reward import pair_scores
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
@@ -71,14 +71,14 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
                         step=0)
         model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
-                                        RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs, rcfg.max_steps)),
+                                        RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs,
+                                                               rcfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))
         pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         device = ProcessGroup(device=cfg.resources.device).device
         with autocast(device, cfg.resources.mixed_precision)():
-            chosen, rejected = (score_texts(model.to(device), tokenizer, [p.prompt for p in pairs], side,
-                                            rcfg.max_length, rcfg.eval_batch_size).tolist()
-                                for side in ([p.chosen for p in pairs], [p.rejected for p in pairs]))
+            chosen, rejected = (s.tolist() for s in pair_scores(model.to(device), tokenizer, pairs, rcfg.max_length,
+                                                                rcfg.eval_batch_size, rcfg.share_prompts))
         report = rm_report(pairs, chosen, rejected, gold_breakdown if has_judge(data_dir) else None)
         final["reward/heldout_accuracy"] = report["accuracy"]
         final["reward/heldout_accuracy_ci95_low"], final["reward/heldout_accuracy_ci95_high"] = report["ci95"]

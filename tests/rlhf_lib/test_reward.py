@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from rlhf_lib.config import RewardConfig
@@ -138,3 +139,20 @@ def test_held_out_scores_are_batched_by_length_and_returned_in_input_order(tiny_
     together = score_texts(rm, tiny_tokenizer, prompts, responses, 64, batch_size=2)
     alone = torch.cat([score_texts(rm, tiny_tokenizer, [p], [r], 64, batch_size=1) for p, r in zip(prompts, responses)])
     assert torch.allclose(together, alone, atol=1e-5) and len(set(together.tolist())) == 5
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_pair_scores_equal_scoring_each_side_alone(tiny_tokenizer, tiny_policy, share):
+    from rlhf_lib.data.records import PairExample
+    from rlhf_lib.models import build_scalar_model
+    from rlhf_lib.reward import pair_scores, score_texts
+
+    rm = build_scalar_model(tiny_policy, seed=1)
+    torch.nn.init.normal_(rm.score.weight)
+    pairs = [PairExample(f"\n\nHuman: tell me about topic {i}\n\nAssistant:", " Sure, topic is nice." + " Thanks!" * i,
+                         " No.") for i in range(5)]
+    chosen, rejected = pair_scores(rm, tiny_tokenizer, pairs, 64, batch_size=4, share_prompts=share)
+    prompts = [p.prompt for p in pairs]
+    assert torch.allclose(chosen, score_texts(rm, tiny_tokenizer, prompts, [p.chosen for p in pairs], 64), atol=1e-5)
+    assert torch.allclose(rejected, score_texts(rm, tiny_tokenizer, prompts, [p.rejected for p in pairs], 64),
+                          atol=1e-5)
