@@ -9,8 +9,9 @@ from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 
+from flows.code_policy import check_deployment_config
 from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.intervals import split_intervals, with_interval
@@ -118,6 +119,10 @@ def rlhf(
         record_parameters({"config": config.model_dump(mode="json")})
         for message in tiny_defaults(config):  # a deployment run's config never passes through the CLI's advice
             get_run_logger().warning(message)
+    if deployment.id is not None:  # parameters from the Prefect API: data and numbers, code only where the host allows
+        from stages.home import state_dir
+
+        check_deployment_config(config, state_dir())
     force = downstream_of(force or [])
     configure_process(config.torch_threads)
     t0 = time.perf_counter()

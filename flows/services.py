@@ -121,8 +121,10 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
     state = Path(state).resolve()
     unset = inherited_offline(os.environ)
     # PREFECT_UI_API_URL: `prefect server start --port N` alone tells its UI the API is on the default port 4200.
+    # CORS for its own UI only (Prefect's default is any origin: any web page a user opens could post flow runs).
     prefect_env = {**server_batching(), "PREFECT_HOME": _prefect_home(state),
-                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api}
+                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api,
+                   "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ep.prefect_ui.rstrip("/")}
     return {
         "prefect": Service(
             name="prefect",

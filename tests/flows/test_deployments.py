@@ -91,3 +91,27 @@ def test_the_deployments_form_shows_the_presets_values(served):
     _, env = served
     params = _read_prefect(env, "c.read_deployment_by_name('rlhf/ppo').parameters")
     assert params["preset"] == "micro" and params["config"] == load_config("micro").model_dump(mode="json")
+
+
+def _last_flow_run_state(env: dict) -> list:
+    return _read_prefect(env, "[(r.state.type.value, r.state.message) for r in c.read_flow_runs("
+                              "sort=__import__('prefect.client.schemas.sorting', fromlist=['x']).FlowRunSort"
+                              ".START_TIME_DESC, limit=1)][0]")
+
+
+def test_a_deployment_run_may_name_code_only_where_the_host_allows_it(served):
+    """Parameters are data: `trust_remote_code` and function rewards through the Prefect API are refused before
+    any stage, naming the key; the host's own allow-list (<state>/allow-code.txt) lets them through."""
+    state, env = served
+    for param in ('{"model": {"trust_remote_code": true}}',
+                  '{"ppo": {"rewards": [{"name": "x", "kind": "function", "function": "os:system"}]}}'):
+        out = _prefect(env, f"prefect deployment run rlhf/sft --param 'config={param}' --watch")
+        assert out.returncode != 0, out.stdout[-2000:]
+        kind, message = _last_flow_run_state(env)
+        assert kind == "FAILED" and "a deployment run may not name code to run" in message, message
+    assert "os:system" in message and "allow-code.txt" in message
+    (state / "allow-code.txt").write_text("# this host runs checkpoints' own code\nmodel.trust_remote_code\n")
+    out = _prefect(env, """prefect deployment run rlhf/sft --param 'config={"model": {"trust_remote_code": true}}' """
+                        "--watch")
+    assert out.returncode == 0 and "Completed" in out.stdout, out.stdout[-2000:]
+    (state / "allow-code.txt").unlink()
