@@ -289,9 +289,10 @@ def report(s: dict) -> str:
     ]
     if "peak_gpu_mem_mib" in s:
         rows.append(("peak GPU memory (allocated)", f"{s['peak_gpu_mem_mib']:.0f} MiB"))
+    model = (m["name_or_path"] if m.get("name_or_path")
+             else f"GPT-2 {m['n_layer']}x{m['n_embd']}, vocab {m['vocab_size']}")
     head = (f"PPO ({c['name']}), {p['batch_size']} prompts x {b['prompt_length']} + {p['max_new_tokens']} tokens, "
-            f"GPT-2 {m['n_layer']}x{m['n_embd']}, vocab {m['vocab_size']}, {b['dtype']} on {b['device']}, "
-            f"{c['torch_threads']} threads")
+            f"{model}, {b['dtype']} on {b['device']}, {c['torch_threads']} threads")
     return "\n".join([head] + [f"  {k:40s} {v}" for k, v in rows])
 
 
