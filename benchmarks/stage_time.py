@@ -7,8 +7,10 @@ this process, times the share of that roofline each kind of work reaches.
 Kinds: `train` (forward + backward + optimizer: SFT, the RM, PPO's update), `forward` (no autograd: PPO's scoring,
 the RM's held-out accuracy, the eval's log-probs and scores) and `sample` (token-by-token decoding with a KV cache:
 memory-bound, the lowest share). The shares are measured, not assumed: `EFFICIENCY` holds what
-`rlhf run full --preset smollm2-hh` reached on a 2-core AMD EPYC (benchmarks/RESULTS.md, where the estimate is set
-against every stage's measured time). A GPU reaches other shares: the estimate is for CPUs until measured there.
+`rlhf run full --preset smollm2-hh` reached on a 2-core AMD EPYC with avx512_bf16 (bf16 autocast, a 440 GFLOP/s bf16
+matmul roofline) in its SFT stage (train) and PPO's scoring and sampling phases; the reward and eval stages are the
+check (benchmarks/RESULTS.md sets the estimate against every stage's measured time). A GPU reaches other shares:
+the estimate is for CPUs until measured there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.training import n_batches
 
 # Share of the measured matmul roofline reached by each kind of work (see the module docstring).
-EFFICIENCY = {"train": 0.30, "forward": 0.30, "sample": 0.05}
+EFFICIENCY = {"train": 0.30, "forward": 0.21, "sample": 0.07}
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,11 @@ def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> di
                     + k * (body_flops(rm, tr) + attention_flops(rm, causal_keys(tr, past=tp))))
     else:
         per_list = k * (body_flops(rm, tp + tr) + attention_flops(rm, causal_keys(tp + tr)))
-    heldout = 2 * ln.heldout_pairs * (body_flops(rm, tp + tr) + attention_flops(rm, causal_keys(tp + tr)))
+    # Held-out pairs: both responses on one prompt (`pair_scores`: the prompt once when shared).
+    per_pair = (body_flops(rm, tp) + attention_flops(rm, causal_keys(tp))
+                + 2 * (body_flops(rm, tr) + attention_flops(rm, causal_keys(tr, past=tp))) if r.share_prompts
+                else 2 * (body_flops(rm, tp + tr) + attention_flops(rm, causal_keys(tp + tr))))
+    heldout = ln.heldout_pairs * per_pair
     out["reward"] = {"train": 3.0 * lists * per_list, "forward": float(heldout)}
 
     prompt, new = round(ln.ppo_prompt), p.max_new_tokens
@@ -166,8 +172,10 @@ def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> di
                   "train": float(p.iterations * p.epochs * 3 * (ref + scalar / 2))}
 
     rows = ln.eval_prompts
+    # The eval samples SFT and policy (their log-probs come with the samples), takes the SFT model's log-probs of the
+    # policy's responses (the KL) and scores both sides with the RM.
     out["eval"] = {"sample": float(2 * generate_flops(shape, rows, prompt, e.max_new_tokens)),
-                   "forward": float(2 * forward_flops(shape, rows, prompt + e.max_new_tokens, e.max_new_tokens)
+                   "forward": float(forward_flops(shape, rows, prompt + e.max_new_tokens, e.max_new_tokens)
                                     + 2 * rows * body_flops(rm, prompt + e.max_new_tokens))}
     return out
 
