@@ -152,7 +152,15 @@ EVAL = (
        "two runs whose intervals overlap cannot be told apart"),
 )
 
-RUNS = {"ppo": PPO, "sft": SFT, "reward": REWARD, "data": DATA, "eval": EVAL}
+# Logged on every stage's run (step 0) by the stage runner: what the build cost, for `rlhf plan` to be checked against.
+SYSTEM = (
+    _m("system/peak_rss_gb system/build_seconds", "the stage process's peak resident memory while the stage built "
+       "(GiB, sampled; freed memory of earlier stages returned first) and the build's seconds",
+       "far above `rlhf plan`'s estimate: a leak, or an estimate to fix"),
+)
+
+RUNS = {"ppo": PPO + SYSTEM, "sft": SFT + SYSTEM, "reward": REWARD + SYSTEM, "data": DATA + SYSTEM,
+        "eval": EVAL + SYSTEM}
 
 
 def _pattern(name: str) -> re.Pattern[str]:

@@ -35,7 +35,7 @@ def _final_metrics(home: Path, run_id: str) -> dict:
     client = MlflowClient(tracking_uri=uri)
     metrics = client.get_run(run_id).data.metrics
     last = {k: max(client.get_metric_history(run_id, k), key=lambda m: m.step) for k in metrics}
-    return {k: m.value for k, m in last.items() if not k.startswith("time/")}
+    return {k: m.value for k, m in last.items() if not k.startswith(("time/", "system/"))}
 
 
 def test_killed_ppo_resumes_to_the_uninterrupted_result(tmp_path):
