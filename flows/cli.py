@@ -98,6 +98,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, args.config, args.set or [])
     seeds = parse_seeds(args.seeds) if args.seeds else None  # refused before any work
+    from rlhf_lib.devices import resolve_device
+
+    resolve_device(cfg.resources.device)  # a device this machine lacks: one line, before any server or stage
     configure_env()
     from flows.stores import preflight
 

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 
 from flows.code_policy import check_deployment_config
+from rlhf_lib.devices import resolve_device
 from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.intervals import split_intervals, with_interval
@@ -123,6 +124,7 @@ def rlhf(
         from stages.home import state_dir
 
         check_deployment_config(config, state_dir())
+    resolve_device(config.resources.device)  # refused before any run is opened or stage runs
     force = downstream_of(force or [])
     configure_process(config.torch_threads)
     t0 = time.perf_counter()

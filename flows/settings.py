@@ -33,12 +33,9 @@ def file_layer(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
+    from rlhf_lib.config.yaml_text import read_yaml
 
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    return read_yaml(path) or {}
 
 
 def load_config(preset: str, config_file: str | None = None, sets: Sequence[str] = (),

@@ -9,12 +9,15 @@ from contextlib import AbstractContextManager
 
 import torch
 
+from rlhf_lib.config.base import ConfigError
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class DeviceUnavailable(RuntimeError):
-    """The configured device does not exist on this machine; the message names the key and what is there."""
+class DeviceUnavailable(ConfigError):
+    """The configured device does not exist on this machine; the message names the key and what is there. A config
+    error: the commands check it before any stage runs (`flows.cli.cmd_run`, the pipeline flow)."""
 
 
 def resolve_device(name: str) -> torch.device:

@@ -120,31 +120,50 @@ class Arch:
     max_positions: int | None
     dtype: str | None
     lora_params: int = 0
+    rms_norm: bool = False  # RMSNorm blocks (Llama, Qwen2, Mistral), which compute in float32; else LayerNorm
+    python_gelu: bool = False  # an MLP activation written as several tensor ops (GPT-2's `gelu_new`)
 
     def layer_elements(self) -> int:
-        """Elements per token one transformer block keeps for its backward pass, on a GPU (SDPA keeps no T x T
+        """Elements per token one transformer block keeps for its backward pass in one dtype (SDPA keeps no T x T
         scores; dropout is off in every model of the pipeline, so no masks):
 
             attention: norm in H + norm out H + Q heads*d + K, V 2*kv*d + output heads*d
-            MLP:       norm in H + norm out H + I (up) + I (activation), + 2I more when gated (gate, gate*up)
-            e = 4H + 2*heads*d + 2*kv*d + (4 if gated else 2) * I
+            MLP:       norm in H + norm out H + I (up) + I (activation), + 2I more when gated (gate, gate*up),
+                       + 3I more when the activation is several ops (`gelu_new`: its pow, sum and tanh)
+            e = 4H + 2*heads*d + 2*kv*d + (4 if gated else 2) * I (+ 3I)
 
-        GPT-2 124M: e = 16H, i.e. 32*H bytes per token in 16 bits: Korthikanti et al. 2022 (eq. 1) count 34*H
-        with the two 1-byte dropout masks and without the score term SDPA avoids.
+        GPT-2 124M with a one-op GELU: e = 16H, i.e. 32*H bytes per token in 16 bits: Korthikanti et al. 2022
+        (eq. 1) count 34*H with the two 1-byte dropout masks and without the score term SDPA avoids.
         """
-        mlp = (4 if self.gated else 2) * self.intermediate
+        mlp = (4 if self.gated else 2) * self.intermediate + 3 * self.intermediate * self.python_gelu
         return 4 * self.hidden + 2 * self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim + mlp
+
+    def layer_bytes(self, act_bytes: int, weight_bytes: int) -> int:
+        """Bytes per token one block keeps for its backward: `layer_elements` in the compute dtype plus the norms'
+        float32 and residual parts, as measured with `torch.autograd.graph.saved_tensors_hooks` (torch 2.13,
+        transformers 5; tests/rlhf_lib/test_memory.py pins it):
+
+            weights in the compute dtype:  e*w + 2H*(4 if RMSNorm else w)  (RMSNorm upcasts its input to float32)
+            autocast (16-bit compute over float32 weights; the residual stream stays float32):
+                RMSNorm: (e + H)*2 + 4H*4      LayerNorm: e*2 + 2H*4
+        """
+        e, h = self.layer_elements(), self.hidden
+        if act_bytes >= weight_bytes:
+            return e * act_bytes + 2 * h * (4 if self.rms_norm else act_bytes)
+        return (e + h) * act_bytes + 16 * h if self.rms_norm else e * act_bytes + 8 * h
 
 
 def trained_activations(a: Arch, tokens: int, act_bytes: int, resid_bytes: int, checkpointing: bool) -> int:
-    """Bytes a forward keeps for its backward over `tokens` = rows x padded length (e = `Arch.layer_elements`, 2H
-    the final norm):  tokens * (L*e + 2H) * act_bytes;  with gradient checkpointing each block keeps only its input
-    (the residual stream, in the weights' dtype) and one block is recomputed at a time:
-    tokens * (L*H*resid_bytes + (e + 2H)*act_bytes)."""
-    per_token = a.layer_elements() + 2 * a.hidden
+    """Bytes a forward keeps for its backward over `tokens` = rows x padded length, with `act_bytes` the compute
+    dtype's size (2 under autocast) and `resid_bytes` the weights' (b = `Arch.layer_bytes`; outside the blocks, the
+    embedding output and the final norm: o = H*(act_bytes + resid_bytes) + 4H more with RMSNorm):
+    tokens * (L*b + o);  with gradient checkpointing each block keeps only its input (the residual stream, in the
+    weights' dtype) and one block is recomputed at a time: tokens * (L*H*resid_bytes + b + o)."""
+    b = a.layer_bytes(act_bytes, resid_bytes)
+    outside = a.hidden * (act_bytes + resid_bytes + 4 * a.rms_norm)
     if checkpointing:
-        return tokens * (a.layers * a.hidden * resid_bytes + per_token * act_bytes)
-    return tokens * (a.layers * a.layer_elements() + 2 * a.hidden) * act_bytes
+        return tokens * (a.layers * a.hidden * resid_bytes + b + outside)
+    return tokens * (a.layers * b + outside)
 
 
 def forward_activations(a: Arch, tokens: int, act_bytes: int, hidden_states: int = 1) -> int:
@@ -220,6 +239,9 @@ def _measure(config_cls: type, config_json: str, head: Head, lora_r: int, target
         gated=any(n.endswith(("gate_proj", "gate_up_proj")) for n, _ in model.named_modules()),
         max_positions=getattr(text, "max_position_embeddings", None), dtype=_dtype_name(config),
         lora_params=_lora_params(model, lora_r, list(targets) if targets else None, config.model_type) if lora_r else 0,
+        rms_norm=any(type(m).__name__.endswith("RMSNorm") for m in model.modules()),
+        python_gelu=(getattr(text, "activation_function", None) or getattr(text, "hidden_act", None))
+        in ("gelu_new", "gelu_fast"),
     )
 
 

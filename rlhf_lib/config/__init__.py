@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from rlhf_lib.config.base import Section
+from rlhf_lib.config.base import ConfigError, Section
 from rlhf_lib.config.data import COLUMN_NAMES, DataConfig, ModelConfig
 from rlhf_lib.config.ppo import PPOConfig
 from rlhf_lib.config.stages import EvalConfig, ResourcesConfig, RewardConfig, SFTConfig
@@ -77,10 +77,6 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names each bad key and what it expected."""
-
-
 def _format_errors(err: Any, origin: str) -> str:
     lines = []
     for e in err.errors():
@@ -104,8 +100,9 @@ def build_config(layers: list[tuple[str, dict[str, Any]]], sets: Sequence[str] =
     Each layer is (origin, dict); the origin names the file in errors. Values of `--set` are parsed as YAML
     scalars, so `ppo.kl_coef=0.1` is a float and `ppo.adaptive_kl=false` a bool.
     """
-    import yaml
     from pydantic import ValidationError
+
+    from rlhf_lib.config.yaml_text import parse_yaml
 
     merged: dict[str, Any] = {}
     for origin, layer in layers:
@@ -121,7 +118,7 @@ def build_config(layers: list[tuple[str, dict[str, Any]]], sets: Sequence[str] =
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. ppo.kl_coef=0.1")
         try:
-            set_dotted(merged, key.strip(), yaml.safe_load(raw) if raw.strip() else raw)
+            set_dotted(merged, key.strip(), parse_yaml(raw, f"--set {item!r}") if raw.strip() else raw)
         except ValueError as e:
             raise ConfigError(f"--set {item!r}: {e}") from None
     try:

@@ -20,6 +20,7 @@ from typing import Any
 from rlhf_lib.config import DataConfig
 
 from .chat import Renderer
+from .checks import DataWarning, suspicious_rows
 from .fields import DataError, Fields
 from .formats import PARSERS, detect
 from .records import PairExample, PromptExample, RankedExample, ReadResult, SFTExample, category, collect
@@ -64,15 +65,53 @@ def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], re
                     raise DataError(f"{place(n)}: {e}", path=src.spec, line=n, kind=e.kind) from None
             break
     parse = PARSERS[kind]
+    lines: list[int] = []  # the line (row number) of each parsed record, in order
+    current = [0]
+
+    def numbered(items):
+        for n, obj in items:
+            current[0] = n
+            yield n, obj
+
     def parse_row(obj: dict[str, Any]) -> Any:
         fields = Fields(obj, mapping)
         record = parse(fmt, fields, renderer)
+        lines.append(current[0])
         # A preference row's optional category (RewardBench's layout) rides along for the RM report.
         return replace(record, category=cat) if kind == "preferences" and (cat := category(fields)) else record
 
-    result = collect(chain(head, rows), parse_row, on_bad_row,  # type: ignore[arg-type]
+    result = collect(numbered(chain(head, rows)), parse_row, on_bad_row,  # type: ignore[arg-type]
                      max_chars, src.spec, place, max_rows)
-    return result, fmt
+    return _checked(kind, result, lines, on_bad_row, src.spec, place), fmt
+
+
+def _checked(kind: str, result: ReadResult[Any], lines: list[int], on_bad_row: str, spec: str,
+             place) -> ReadResult[Any]:
+    """`result` after `checks.suspicious_rows`: a `DataWarning` naming each reason's count and first row; with
+    on_bad_row=skip those rows are dropped and counted in `skipped`."""
+    import warnings
+
+    line_of = {id(r): n for r, n in zip(result.rows, lines)} if len(lines) == len(result.rows) else {}
+    found = suspicious_rows(kind, result.rows)
+    if not found:
+        return result
+    parts = [f"{len(idx)} {reason} row(s) (first: {place(line_of.get(id(result.rows[idx[0]]), idx[0] + 1))})"
+             for reason, idx in found.items()]
+    skip = on_bad_row == "skip"
+    warnings.warn(f"{spec}: {', '.join(parts)}; " + ("dropped (data.on_bad_row=skip)" if skip
+                                                      else "kept; data.on_bad_row=skip drops them"),
+                  DataWarning, stacklevel=2)
+    if not skip:
+        return result
+    drop = {i for idx in found.values() for i in idx}
+    skipped = dict(result.skipped)
+    examples = {k: list(v) for k, v in result.examples.items()}
+    for reason, idx in found.items():
+        skipped[reason] = skipped.get(reason, 0) + len(idx)
+        examples.setdefault(reason, []).extend(
+            f"{place(line_of.get(id(result.rows[i]), i + 1))}: {reason}" for i in idx[:3])
+    return replace(result, rows=[r for i, r in enumerate(result.rows) if i not in drop], skipped=skipped,
+                   examples=examples)
 
 
 def split_heldout(lists: list[RankedExample], fraction: float, seed: int) -> tuple[list[RankedExample],

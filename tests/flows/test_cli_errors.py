@@ -99,3 +99,23 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
                 p.kill()
             except (OSError, psutil.Error):
                 pass
+
+
+def test_a_device_this_machine_lacks_is_one_line_before_any_stage(tmp_path):
+    # resources.device=cuda:7 exists on no test machine (the suite never needs a GPU).
+    out = _run("run", "full", "--preset", "micro", "--set", "resources.device=cuda:7", RLHF_HOME=str(tmp_path))
+    message = _one_message(out)
+    assert message.startswith("rlhf: bad config: resources.device=cuda:7: ") and message.count("\n") == 1
+    assert not (tmp_path / "mlflow.db").exists()  # no store opened, no data stage run
+
+
+def test_config_file_refusals_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"sft:\n  lr: 1.0e-5\n  lr: \xff\n")
+    message = _one_message(_run("run", "sft", "--config", str(bad), RLHF_HOME=str(tmp_path)))
+    assert message.strip() == f"rlhf: bad config: {bad}:3: not UTF-8 text (byte 0xff at offset 24); save the file as UTF-8"
+    bad.write_text("sft:\n  lr: 1.0e-5\n  lr: 2.0e-5\n")
+    message = _one_message(_run("run", "sft", "--config", str(bad), RLHF_HOME=str(tmp_path)))
+    assert message.strip() == f"rlhf: bad config: {bad}:3:3: invalid YAML: duplicate key 'lr' (first on line 2)"
+    message = _one_message(_run("run", "sft", "--set", "sft.lr=.inf", RLHF_HOME=str(tmp_path)))
+    assert "'sft.lr'" in message and "finite number" in message and message.count("\n") == 1

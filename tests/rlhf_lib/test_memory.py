@@ -110,9 +110,11 @@ def test_bf16_mixed_precision_halves_only_the_frozen_weights():
 def test_activation_formulas_by_hand():
     a = measure(fresh_gpt2_config(50257, 12, 12, 768, 1024), "causal")
     # GPT-2 block: 4H norms + 2H (Q, out) + 2H (K, V) + 2 * 4H (MLP up, GELU) = 16H elements per token.
-    assert a.layer_elements() == 16 * 768
-    assert trained_activations(a, 1000, 4, 4, False) == 1000 * (12 * 16 * 768 + 2 * 768) * 4
-    assert trained_activations(a, 1000, 2, 4, True) == 1000 * (12 * 768 * 4 + (16 * 768 + 2 * 768) * 2)
+    assert a.layer_elements() == 16 * 768 and not a.rms_norm and not a.python_gelu
+    # float32: e + 2H float32 elements a block; 2H float32 outside the blocks.
+    assert trained_activations(a, 1000, 4, 4, False) == 1000 * (12 * (16 + 2) * 768 * 4 + 8 * 768)
+    # autocast, checkpointed: each block's float32 input, one block recomputed (e in bf16, 2H LayerNorm float32).
+    assert trained_activations(a, 1000, 2, 4, True) == 1000 * (12 * 768 * 4 + 16 * 768 * 2 + 2 * 768 * 4 + 6 * 768)
     assert forward_activations(a, 10, 2) == 10 * 17 * 768 * 2
     assert kv_cache_bytes(a, rows=4, length=100, act_bytes=2) == 2 * 12 * 12 * 64 * 4 * 100 * 2
     assert logits_bytes(2, 3, 50257, copies=4) == 2 * 3 * 50257 * 4 * 4
@@ -189,3 +191,56 @@ def test_an_out_of_memory_error_becomes_a_refusal_naming_keys():
     assert isinstance(error, MemoryBudgetError)
     assert "ran out of device memory (CUDA out of memory. Tried to allocate 2.00 GiB.)" in str(error)
     assert "<- " in str(error)
+
+
+def _saved_bytes_per_token(model, autocast: bool) -> float:
+    """Bytes of the tensors autograd saves for the backward (parameters and autocast's weight copies left out: the
+    difference between 8 and 4 rows of 64 tokens), per token."""
+    import torch
+
+    def saved(rows: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(1, 500, (rows, 64), generator=torch.Generator().manual_seed(rows))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                model(input_ids=ids).logits.sum()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        return sum(n for ptr, n in seen.items() if ptr not in params)
+
+    return (saved(8) - saved(4)) / (4 * 64)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2-gelu-new", "gpt2"])
+@pytest.mark.parametrize("mode", ["float32", "autocast", "bfloat16"])
+def test_trained_activations_match_what_autograd_saves(family, mode):
+    # The formula against the tensors a training forward really keeps, on CPU (rlhf_lib.shapes.Arch.layer_bytes):
+    # within 3 % (SDPA's per-head logsumexp and the int64 position ids are not counted).
+    import torch
+    from transformers import GPT2Config, GPT2ForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(0)
+    if family == "llama":
+        config = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=500, pad_token_id=0)
+        model_cls = LlamaForSequenceClassification
+    else:
+        config = GPT2Config(n_embd=256, n_inner=1024, n_layer=3, n_head=4, vocab_size=500, pad_token_id=0,
+                            bos_token_id=0, eos_token_id=0, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0,
+                            activation_function="gelu_new" if family == "gpt2-gelu-new" else "gelu_pytorch_tanh")
+        model_cls = GPT2ForSequenceClassification
+    config.num_labels = 1
+    config._attn_implementation = "sdpa"
+    arch = measure(config, "scalar")
+    assert arch.rms_norm == (family == "llama") and arch.python_gelu == (family == "gpt2-gelu-new")
+    model = model_cls(config).train()
+    if mode == "bfloat16":
+        model = model.to(torch.bfloat16)
+    act, weights = {"float32": (4, 4), "autocast": (2, 4), "bfloat16": (2, 2)}[mode]
+    measured = _saved_bytes_per_token(model, mode == "autocast")
+    formula = trained_activations(arch, 1, act, weights, False)
+    assert abs(measured / formula - 1) <= 0.03, (measured, formula)

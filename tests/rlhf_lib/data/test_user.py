@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rlhf_lib.config import DataConfig
 from rlhf_lib.data import DataError, RankedExample, SFTExample
 from rlhf_lib.data.chat import Renderer
+from rlhf_lib.data.checks import DataWarning
 from rlhf_lib.data.sources import Source
 from rlhf_lib.data.user import build_user_task, pairs_of, read_source, split_heldout
 
@@ -59,8 +60,9 @@ def test_bad_rows_name_file_line_and_field_or_are_counted(tmp_path, good, bad, r
         read_source("preferences", src, "auto", {}, Renderer(), "error", 200)
     assert str(info.value).startswith(f"{path}:2: ") and text in str(info.value)
     assert (info.value.line, info.value.kind, info.value.field) == (2, reason, field)
-    result, _ = read_source("preferences", src, "auto", {}, Renderer(), "skip", 200)
-    assert len(result.rows) == 2 and result.skipped == {reason: 1}
+    with pytest.warns(DataWarning, match=r"1 duplicate row\(s\)"):  # the good row twice: counted as well
+        result, _ = read_source("preferences", src, "auto", {}, Renderer(), "skip", 200)
+    assert len(result.rows) == 1 and result.skipped == {reason: 1, "duplicate": 1}
     assert result.examples[reason][0].startswith(f"{path}:2: ")
 
 
@@ -174,3 +176,39 @@ def test_max_rows_keeps_the_first_valid_rows_of_each_source(tmp_path):
     task = build_user_task(cfg, Renderer())
     assert [ex.prompt for ex in task.records["preferences"]] == [hh(i)["chosen"][:-4] for i in (1, 3, 4, 5, 6)]
     assert len(task.records["eval_pairs"]) == 5 and task.sources["preferences"].skipped == {"empty reply": 1}
+
+
+def test_duplicate_contradicting_and_nul_rows_are_warned_about_or_dropped(tmp_path):
+    rows = [hh(1), hh(2), hh(1), hh(3, a=" no", b=" yes"), hh(3), hh(4, a=" y\u0000es"), hh(5)]
+    path = jsonl(tmp_path / "p.jsonl", rows)
+    with pytest.warns(DataWarning) as caught:
+        kept, _ = read_source("preferences", Source(str(path)), "auto", {}, Renderer(), "error", 20000)
+    message = str(caught[0].message)
+    assert message == (f"{path}: 1 NUL byte row(s) (first: {path}:6), 1 duplicate row(s) (first: {path}:3), "
+                       f"2 contradicting row(s) (first: {path}:4); kept; data.on_bad_row=skip drops them")
+    assert len(kept.rows) == 7
+    with pytest.warns(DataWarning, match="dropped"):
+        result, _ = read_source("preferences", Source(str(path)), "auto", {}, Renderer(), "skip", 20000)
+    assert [r.prompt for r in result.rows] == [kept.rows[i].prompt for i in (0, 1, 6)]
+    assert result.skipped == {"NUL byte": 1, "duplicate": 1, "contradicting": 2}
+
+
+def test_clean_data_gives_no_warning(tmp_path, recwarn):
+    path = jsonl(tmp_path / "p.jsonl", [hh(i) for i in range(5)])
+    read_source("preferences", Source(str(path)), "auto", {}, Renderer(), "error", 20000)
+    assert not [w for w in recwarn if "row(s)" in str(w.message)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=12))
+def test_suspicious_rows_by_hand_rule(rows):
+    # Property: a pair counts as contradicting exactly when its reverse is also present; duplicates are repeats.
+    from rlhf_lib.data.checks import suspicious_rows
+
+    records = [RankedExample(f"p{q}", (" a", " b") if up else (" b", " a")) for q, up in rows]
+    found = suspicious_rows("preferences", records)
+    firsts = {}
+    for i, r in enumerate(records):
+        firsts.setdefault(r, i)
+    assert found.get("duplicate", []) == [i for i, r in enumerate(records) if firsts[r] != i]
+    flipped = {RankedExample(r.prompt, r.responses[::-1]) for r in records}
+    assert found.get("contradicting", []) == [i for i, r in enumerate(records) if r in flipped and firsts[r] == i]
