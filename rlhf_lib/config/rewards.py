@@ -38,7 +38,8 @@ class RewardSource(Section):
                                 "of the PPO cache key (the endpoint's answers cannot be hashed).")
     token_env: str | None = Field(None, description="kind http: environment variable holding the bearer token "
                                   "(the token itself never enters the config, the logs or the cache key).")
-    timeout_s: float = Field(30.0, gt=0, description="kind http: seconds to wait for one request.")
+    timeout_s: float = Field(30.0, gt=0, description="kind http: seconds one try may take, from sending the request "
+                             "to the last byte of the answer.")
     retries: int = Field(3, ge=1, description="kind http: tries per request (exponential backoff) on timeouts, "
                          "connection errors and HTTP 5xx/429; a 4xx is not retried.")
     verify_tls: bool = Field(True, description="kind http: verify the server's TLS certificate.")

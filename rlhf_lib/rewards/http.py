@@ -2,7 +2,11 @@
 protocol of `rlhf serve-reward`; any server that speaks it will do).
 
 Transient failures (connection errors, timeouts, HTTP 5xx and 429) are tried again with exponential backoff, up to
-`retries` tries per request; any other 4xx fails at once: sending the same request again cannot fix it. Redirects are
+`retries` tries per request; any other 4xx fails at once: sending the same request again cannot fix it. A server's
+`Retry-After` (seconds or an HTTP date) sets the wait instead, up to `RETRY_AFTER_CAP_S`; one that asks for longer
+ends the call with its one-line error. `timeout_s` bounds each try from its start to the answer's last byte (a
+server that trickles its answer is cut there, not at each read), and an answer is at most `MAX_ANSWER_BYTES`, so one
+request takes at most retries x timeout_s + (retries - 1) x RETRY_AFTER_CAP_S. Redirects are
 not followed, so the bearer token only ever goes to the configured host. The token is read from its environment
 variable on every call and is kept nowhere else: not in the object, its repr, a log line or an error message.
 """
@@ -14,6 +18,9 @@ import json
 import logging
 import os
 import re
+import threading
+import time
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +30,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
 
 MAX_BACKOFF_S = 10.0
+RETRY_AFTER_CAP_S = 30.0
+MAX_ANSWER_BYTES = 64 << 20  # 64 MiB: a million scores as JSON take ~20 MB
 EXCERPT_CHARS = 200
 _log = logging.getLogger(__name__)
 # RFC 6750 b64token: what a bearer token may hold. Anything else (a stray newline from `$(cat file)`) would make the
@@ -36,6 +45,53 @@ class _RetryableStatus(Exception):
     def __init__(self, response: httpx.Response):
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
+
+
+class _TooLate(Exception):
+    """The server's Retry-After is longer than this client waits (`RETRY_AFTER_CAP_S`)."""
+
+    def __init__(self, response: httpx.Response, seconds: float):
+        super().__init__(f"Retry-After {seconds:g} s")
+        self.response, self.seconds = response, seconds
+
+
+def retry_after_s(response: httpx.Response, now: float | None = None) -> float | None:
+    """The wait a 429/503 answer's `Retry-After` header asks for, in seconds (delta-seconds or an HTTP date, RFC 9110
+    10.2.3); None without one or when it cannot be read. Example: "Retry-After: 2" -> 2.0."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _within(seconds: float, fn):
+    """`fn()` run on a daemon thread and waited for at most `seconds`: its value, its exception, or a ReadTimeout
+    when the time is up (the thread notices its own deadline at the next chunk it reads and stops)."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    thread = threading.Thread(target=target, name="http-reward-try", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise httpx.ReadTimeout(f"no complete answer within {seconds:g} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
 
 
 def _is_loopback(host: str) -> bool:
@@ -121,13 +177,35 @@ class HttpReward:
         headers = headers | {"Content-Type": "application/json"}
         tries = 0
 
+        def read_all(deadline: float) -> httpx.Response:
+            with client.stream("POST", self.url, content=content, headers=headers) as streamed:
+                body = bytearray()
+                for chunk in streamed.iter_bytes():
+                    body += chunk
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout(f"the answer took over {self.timeout_s:g} s")
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise RewardError(f"{where}: the answer is over {MAX_ANSWER_BYTES >> 20} MiB")
+                return httpx.Response(streamed.status_code, headers=streamed.headers, content=bytes(body),
+                                      request=streamed.request)
+
         def post() -> httpx.Response:
             nonlocal tries
             tries += 1
-            response = client.post(self.url, content=content, headers=headers)
+            response = _within(self.timeout_s, lambda: read_all(time.monotonic() + self.timeout_s))
             if response.status_code == 429 or response.status_code >= 500:
+                asked = retry_after_s(response)
+                if asked is not None and asked > RETRY_AFTER_CAP_S:
+                    raise _TooLate(response, asked)
                 raise _RetryableStatus(response)
             return response
+
+        backoff = wait_exponential(multiplier=self.backoff_s, max=MAX_BACKOFF_S)
+
+        def wait(state: RetryCallState) -> float:
+            e = state.outcome.exception() if state.outcome else None
+            asked = retry_after_s(e.response) if isinstance(e, _RetryableStatus) else None
+            return asked if asked is not None else backoff(state)
 
         def before_sleep(state: RetryCallState) -> None:
             _log.warning("%s: %s (try %d of %d), retrying in %.1f s", where,
@@ -135,13 +213,16 @@ class HttpReward:
                          state.next_action.sleep)
 
         policy = Retrying(retry=retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
-                          stop=stop_after_attempt(self.retries), reraise=True, before_sleep=before_sleep,
-                          wait=wait_exponential(multiplier=self.backoff_s, max=MAX_BACKOFF_S))
+                          stop=stop_after_attempt(self.retries), reraise=True, before_sleep=before_sleep, wait=wait)
         try:
             response = policy(post)
         except httpx.TimeoutException:
             raise RewardError(f"{where}: timed out after {_tries(tries)} of {self.timeout_s:g} s each "
                               "(raise timeout_s, or make the endpoint faster)") from None
+        except _TooLate as e:
+            raise RewardError(_scrub(f"{where}: {_describe_status(e.response)}; it asks to retry after "
+                                     f"{e.seconds:g} s, longer than the {RETRY_AFTER_CAP_S:g} s this client waits",
+                                     token)) from None
         except (httpx.TransportError, _RetryableStatus) as e:
             last = "answer" if isinstance(e, _RetryableStatus) else "error"
             raise RewardError(_scrub(f"{where}: gave up after {_tries(tries)}; last {last}: {_describe(e)}", token)

@@ -61,6 +61,27 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(200, "<html><body>Bad gateway page</body></html>", "text/html")
         elif self.path == "/noscores":
             self.reply(200, json.dumps({"rewards": lengths}))
+        elif self.path == "/trickle":  # a valid answer, one byte every 0.3 s
+            data = json.dumps({"scores": lengths}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.3)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        elif self.path.startswith("/later"):  # 503 with Retry-After: <the path's number> once, then fine
+            first = sum(p == self.path for p, _, _ in Handler.seen) == 1
+            if first:
+                self.send_response(503)
+                self.send_header("Retry-After", self.path.rsplit("/", 1)[-1])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self.reply(200, json.dumps({"scores": lengths}))
         elif self.path == "/moved":
             self.send_response(307)
             self.send_header("Location", "/score")
@@ -214,3 +235,38 @@ def test_redirect_is_not_followed(base_url):
                        r"final URL, /score\)"):
         reward(f"{base_url}/moved")(batch())
     assert len(Handler.seen) == 1  # the token went nowhere else
+
+
+def test_a_trickling_answer_is_cut_at_timeout_s_in_total(base_url):
+    # Each byte comes well within timeout_s, the whole answer (~30 bytes, 9 s) does not: cut at 1 s a try.
+    t0 = time.monotonic()
+    with pytest.raises(RewardError, match=r"timed out after 2 tries of 1 s each"):
+        reward(base_url + "/trickle", timeout_s=1.0, retries=2)(batch())
+    assert time.monotonic() - t0 < 4.0
+
+
+def test_retry_after_is_honoured(base_url):
+    t0 = time.monotonic()
+    assert reward(base_url + "/later/1", backoff_s=0.0)(batch()) == [1.0, 2.0, 3.0]
+    assert time.monotonic() - t0 >= 1.0  # waited what the server asked, not the 0 s backoff
+    assert [p for p, _, _ in Handler.seen] == ["/later/1", "/later/1"]
+
+
+def test_retry_after_beyond_the_cap_ends_the_call_with_one_line(base_url):
+    t0 = time.monotonic()
+    with pytest.raises(RewardError) as info:
+        reward(base_url + "/later/3600")(batch())
+    assert str(info.value) == (f"reward 'judge' (http {base_url}/later/3600): HTTP 503 Service Unavailable; it asks "
+                               "to retry after 3600 s, longer than the 30 s this client waits")
+    assert time.monotonic() - t0 < 2.0 and len(Handler.seen) == 1
+
+
+def test_retry_after_as_an_http_date():
+    import httpx
+
+    from rlhf_lib.rewards.http import retry_after_s
+
+    at = httpx.Response(503, headers={"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"})
+    assert retry_after_s(at, now=1792567670.0) == 10.0
+    assert retry_after_s(httpx.Response(503, headers={"Retry-After": "soon"})) is None
+    assert retry_after_s(httpx.Response(503)) is None
