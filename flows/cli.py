@@ -160,7 +160,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
     try:
         return serve(args.model_uri, host=args.host, port=args.port, token_env=args.token_env,
                      max_batch=args.max_batch, max_length=args.max_length, batch_size=args.batch_size,
-                     device=args.device)
+                     device=args.device, max_body_mb=args.max_body_mb, tls_cert=args.tls_cert, tls_key=args.tls_key)
     except ServeError as e:  # a refusal to start: one message, exit 2 as for the other user errors
         print(f"rlhf: {e}", file=sys.stderr, flush=True)
         return 2
@@ -354,6 +354,10 @@ def parser() -> argparse.ArgumentParser:
                     "the model's context)")
     sr.add_argument("--batch-size", type=int, default=32, help="rows per forward pass (default 32)")
     sr.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    sr.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body in MiB; larger ones get "
+                    "HTTP 413 before they are read (default 16)")
+    sr.add_argument("--tls-cert", metavar="FILE", help="PEM certificate: serve https (with --tls-key)")
+    sr.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     sr.set_defaults(fn=cmd_serve_reward)
     im = sub.add_parser("import-model", help="import a .gguf file, a model folder, a hub id or a known model "
                         "(smollm2) as a float32 Hugging Face folder, recorded in MLflow")

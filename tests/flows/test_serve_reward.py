@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import torch
 import pytest
 from fastapi.testclient import TestClient
 
@@ -164,3 +165,139 @@ def test_served_registered_rm_scores_as_in_process(tmp_path, monkeypatch, tiny_t
         proc.terminate()
         out = proc.communicate(timeout=60)[0]
     assert TOKEN not in out
+
+
+def _big_app(**kw):
+    return TestClient(make_app(length_scorer, TOKEN, max_batch=3, model_name="m", **kw))
+
+
+def test_a_body_over_the_cap_is_refused_from_its_content_length():
+    client = _big_app(max_body_bytes=1000)
+    r = client.post("/score", content=b"x" * 5000, headers=AUTH | {"Content-Type": "application/json"})
+    assert r.status_code == 413 and "5,000 bytes" in r.json()["detail"] and "--max-body-mb" in r.json()["detail"]
+
+
+def test_a_chunked_body_over_the_cap_is_refused_as_it_arrives():
+    client = _big_app(max_body_bytes=1000)
+    sent = []
+
+    def chunks():
+        for _ in range(100):  # 100 kB offered, no Content-Length
+            sent.append(1)
+            yield b"x" * 1000
+
+    r = client.post("/score", content=chunks(), headers=AUTH)
+    assert r.status_code == 413 and "over 1,000 bytes" in r.json()["detail"]
+
+
+def test_rows_are_counted_before_they_are_parsed_and_deep_nesting_is_400(client):
+    body = {"prompts": 7, "completions": ["a"] * 4, "finished": None}  # malformed rows, but too many of them first
+    r = client.post("/score", json=body, headers=AUTH)
+    assert r.status_code == 413 and "4 rows" in r.json()["detail"]
+    deep = b"[" * 100_000 + b"]" * 100_000
+    r = client.post("/score", content=deep, headers=AUTH)
+    assert r.status_code == 400 and "nests too deep" in r.json()["detail"]
+
+
+def test_a_long_row_is_cut_in_characters_before_tokenizing(tiny_tokenizer):
+    from rlhf_lib.rewards.text_rm import CHARS_PER_TOKEN, TextRewardModel
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.longest = inner, 0
+
+        def __call__(self, text, **kw):
+            self.longest = max(self.longest, len(text))
+            return self.inner(text, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    class Config:
+        max_position_embeddings = 64
+
+    class Model(torch.nn.Module):
+        config = Config()
+
+    tok = Counting(tiny_tokenizer)
+    rm = TextRewardModel(Model(), tok, max_length=64)
+    rows = rm.encode(TextBatch(["p " * 5_000_000], ["c " * 5_000_000], [True]))  # two 10 MB texts
+    assert tok.longest == CHARS_PER_TOKEN * 64 and len(rows[0]) == 64
+    short = rm.encode(TextBatch(["a prompt"], [" a reply"], [True]))
+    assert short == [tiny_tokenizer("a prompt", add_special_tokens=False)["input_ids"]
+                     + tiny_tokenizer(" a reply", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]]
+
+
+def _server(app, **kw):
+    import threading
+
+    import uvicorn
+
+    from flows.serve_reward import timed_protocol
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=timed_protocol(0.5), **kw)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return server, port
+
+
+def test_half_sent_requests_are_closed_at_the_header_timeout():
+    # Pins uvicorn's H11Protocol attributes that flows.serve_reward.timed_protocol reads (conn, loop, transport).
+    server, port = _server(make_app(length_scorer, TOKEN, max_batch=3, model_name="m"))
+    try:
+        socks = []
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+            socks.append(s)
+        time.sleep(1.5)
+        for s in socks:
+            s.settimeout(2)
+            assert s.recv(100) == b""  # closed by the server
+            s.close()
+        r = httpx.post(f"http://127.0.0.1:{port}/score", json=BODY, headers=AUTH, timeout=10)
+        assert r.json() == {"scores": [1.0, 3.0]}  # a whole request is still answered
+    finally:
+        server.should_exit = True
+
+
+def test_https_with_a_certificate_pair(tmp_path):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    import ipaddress
+
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    server, port = _server(make_app(length_scorer, TOKEN, max_batch=3, model_name="m"),
+                           ssl_certfile=str(tmp_path / "cert.pem"), ssl_keyfile=str(tmp_path / "key.pem"))
+    try:
+        r = httpx.post(f"https://127.0.0.1:{port}/score", json=BODY, headers=AUTH, timeout=10,
+                       verify=str(tmp_path / "cert.pem"))
+        assert r.json() == {"scores": [1.0, 3.0]}
+    finally:
+        server.should_exit = True
+
+
+def test_tls_options_go_together(monkeypatch):
+    monkeypatch.setenv("RLHF_REWARD_TOKEN", "t")
+    with pytest.raises(ServeError, match="--tls-cert and --tls-key go together"):
+        serve("models:/x/1", tls_cert="c.pem")
