@@ -404,6 +404,9 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlhf_lib.redaction import redact_logs, redact_text
+
+    redact_logs()  # no log line of this process, to the terminal or to Prefect's API, carries a secret
     args = parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
@@ -417,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         message = user_error(e)
         if message is None or args.debug:
             raise
-        print(f"rlhf: {message}", file=sys.stderr, flush=True)
+        print(f"rlhf: {redact_text(message)}", file=sys.stderr, flush=True)
         return 2
     finally:
         if in_main_thread:

@@ -21,6 +21,17 @@ from flows.prefect_tuning import server_batching
 from stages.net import free_port, healthy
 
 
+def _die_with(parent: int) -> None:
+    """In the server's process before it execs (Linux): SIGTERM it when this process dies, even by SIGKILL, so that
+    no server outlives its run (`prctl(PR_SET_PDEATHSIG)`; the parent may already be gone by then: exit)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 class EphemeralPrefect:
     """Start with `EphemeralPrefect()`, export `api_url`, then `wait()` before the first flow; `stop()` at exit."""
 
@@ -39,11 +50,12 @@ class EphemeralPrefect:
         env = {**os.environ, **server_batching(), "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                "PREFECT__SERVER_FINAL": "1"}
         env.pop("PREFECT_API_URL", None)
+        parent = os.getpid()
         return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
-            env=env,
+            env=env, preexec_fn=lambda: _die_with(parent) if sys.platform == "linux" else None,
         )
 
     def wait(self, timeout_s: float = 120.0) -> None:

@@ -17,7 +17,10 @@ from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.intervals import split_intervals, with_interval
 from rlhf_lib.process import configure_process
+from stages.artifact_cache import clean_staging
 from stages.base import RunContext
+from stages.owner import owner_tags
+from stages.reaper import reap
 from stages.cache import StageResult, given_model
 from stages.data import data_stage
 from stages.eval import eval_stage
@@ -129,15 +132,17 @@ def rlhf(
     configure_process(config.torch_threads)
     t0 = time.perf_counter()
     experiment_id = setup_mlflow()
+    reap(experiment_id)  # runs of a killed process on this machine: FAILED, their model versions deleted
+    clean_staging()  # and their half-written outputs
     # A follower node (resources.machine_rank > 0) trains with node 0 and logs nothing: node 0's runs are the record.
     follower = config.resources.machine_rank > 0
     client = NoParentRun() if follower else RetryingClient()
     name = flow_run.name or f"{pipeline}-{config.name}"
     parent_id = "" if follower else client.create_run(experiment_id, run_name=name, tags={
         "rlhf.pipeline": pipeline, "rlhf.config_hash": config_hash(config),
-        "rlhf.prefect_flow_run_id": str(flow_run.id or ""),
+        "rlhf.prefect_flow_run_id": str(flow_run.id or ""), **owner_tags(),
     }).info.run_id
-    client.log_dict(parent_id, config.model_dump(), "config.json")
+    client.log_dict(parent_id, config.model_dump(mode="json"), "config.json")  # redacted (rlhf_lib.redaction)
     ctx = RunContext(experiment_id=experiment_id, parent_run_id=parent_id, force=force)
     last = STAGES.index(LAST_STAGE[pipeline])
     results: dict[str, StageResult] = {}

@@ -13,6 +13,7 @@ from prefect.runtime import flow_run
 
 from flows.placement import FINAL, POLL_S, PlacementError, read_summary
 from rlhf_lib.config import PipelineConfig
+from stages.owner import owner_tags
 from stages.tracking import MODEL_NAMES, RetryingClient, tracking_uri
 
 # The columns of the ranking besides the point's keys and the ranked figure.
@@ -104,7 +105,7 @@ def record(experiment_id: str, config: PipelineConfig, rows: list[dict[str, Any]
 
     client = RetryingClient()
     run = client.create_run(experiment_id, run_name=f"sweep-{config.name}", tags={
-        "rlhf.sweep": "true", "rlhf.prefect_flow_run_id": str(flow_run.id or ""),
+        "rlhf.sweep": "true", "rlhf.prefect_flow_run_id": str(flow_run.id or ""), **owner_tags(),
         **{f"rlhf.upstream.{k}": v for k, v in pinned.items()}})
     run_id = run.info.run_id
     best = rows[0]

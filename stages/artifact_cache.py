@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import shutil
 import tempfile
@@ -46,6 +47,26 @@ def staging() -> Path:
     path = root() / ".staging"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def staging_prefix(stage: str) -> str:
+    """The name prefix of a stage's output dir in `staging()`: `rlhf-<stage>-<pid>-`, so `clean_staging` can tell a
+    killed process's leftovers from a live one's."""
+    return f"rlhf-{stage}-{os.getpid()}-"
+
+
+def clean_staging() -> list[Path]:
+    """Remove the stage output dirs in `staging()` whose process is gone (a killed run's half-written outputs);
+    returns them."""
+    import psutil
+
+    removed = []
+    for entry in staging().glob("rlhf-*-*-*"):
+        parts = entry.name.split("-")
+        if len(parts) >= 4 and parts[2].isdigit() and not psutil.pid_exists(int(parts[2])):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
 
 
 def is_local(location: str) -> bool:

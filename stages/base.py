@@ -180,7 +180,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
     get_run_logger().info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
     try:
         # In the cache's staging dir, so that keeping the published output (`adopt`) is a rename.
-        with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-", dir=artifact_cache.staging()) as tmp:
+        with tempfile.TemporaryDirectory(prefix=artifact_cache.staging_prefix(stage), dir=artifact_cache.staging()) as tmp:
             out_dir = Path(tmp) / ARTIFACT_DIR[stage]
             out_dir.mkdir()
             run.log_params(flatten(section))  # under their config keys: `ppo.lr`, `model.n_positions`
@@ -278,15 +278,18 @@ def lookup_task(experiment_id: str, stage: str, key: str, fetch: bool = False) -
 
 @task(name="publish", **_IO)
 def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
-    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit. Idempotent
-    under retries: the same files, at most one version per run (see `register`), the same tags."""
+    """Log the artifacts, mark the run complete (only now is it a cache hit), then register the model: a version
+    exists only for a run that finished its work (a kill before the registration leaves a finished run without a
+    version, never a version of an unfinished run). Idempotent under retries: the same files, at most one version
+    per run (see `register`), the same tags."""
     run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
+    run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
+                  "rlhf.cache_key": lineage["rlhf.cache_key"]})
+    run.finish("FINISHED")
     model_uri = None
     if run.stage in MODEL_NAMES:
         model_uri = store_call("register", register, run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
-    run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
-                  "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
-    run.finish("FINISHED")
+        run.set_tags({"rlhf.model_uri": model_uri})
     return model_uri
 
 

@@ -51,11 +51,12 @@ class Resume:
 
 
 def unfinished_run(experiment_id: str, key: str, exclude: str) -> str | None:
-    """The newest earlier PPO run with this cache key that was interrupted: killed (left RUNNING) or stopped by
-    Ctrl-C (tagged `rlhf.interrupted`). A run that failed on an error is not resumed: it would fail again."""
+    """The newest earlier PPO run with this cache key that was interrupted and not yet taken over: killed (left
+    RUNNING, or marked FAILED by `stages.reaper`) or stopped by Ctrl-C (both tagged `rlhf.interrupted`). A run that failed on an error is not resumed: it would fail again."""
     runs = newest_runs(experiment_id, "ppo",
                        f"tags.`rlhf.cache_key_pending` = '{key}' and attributes.status != 'FINISHED'")
-    interrupted = [r for r in runs if r.info.status == "RUNNING" or r.data.tags.get("rlhf.interrupted") == "true"]
+    interrupted = [r for r in runs if (r.info.status == "RUNNING" or r.data.tags.get("rlhf.interrupted") == "true")
+                   and not r.data.tags.get("rlhf.resumed_by")]
     return next((r.info.run_id for r in interrupted if r.info.run_id != exclude), None)
 
 

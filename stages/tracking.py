@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,11 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
+from rlhf_lib.redaction import redact
 from stages import retry
 from stages.home import file_lock, state_dir
 from stages.net import ArtifactNotFound, ServiceUnreachable, require_healthy
+from stages.owner import owner_tags
 from stages.retry import configure_client, retrying, transient
 
 EXPERIMENT = "rlhf"
@@ -104,8 +105,6 @@ def store_call(what: str, fn, *args, **kwargs):
                                  f"{retry.MAX_WAIT_S:.0f} s of retries: {e}") from e
 
 
-# A key whose last part names a secret (`hub_token`, `aws_secret_access_key`), not one that merely mentions tokens
-# (`max_new_tokens`, `tokenizer`).
 class RetryingClient:
     """An `MlflowClient` whose every call goes through the retry policy (`store_call`)."""
 
@@ -119,26 +118,13 @@ class RetryingClient:
         return lambda *args, **kwargs: store_call(name, attr, *args, **kwargs)
 
 
-_SECRET_KEY = re.compile(r"(^|[._-])(\w*_)?(token|secret|password|passwd|api[_-]?key|credentials?)(_\w*)?$", re.I)
-# Hugging Face, OpenAI-style and bearer tokens, and credentials inside URLs (scheme://user:pass@host).
-_SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|Bearer\s+\S+|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)")
-
-
-def redact(key: str, value: Any) -> str:
-    """The value as text for a param or tag, with credentials replaced by `***`: nothing secret reaches MLflow."""
-    text = str(value)
-    if _SECRET_KEY.search(key):
-        return "***"
-    return _SECRET_VALUE.sub("***", text)
-
-
 class StageRun:
     """One nested MLflow run of a stage, logged by id. Metrics are buffered and sent in batches, so a training loop
     neither pays a round trip per step nor waits for a store that is down."""
 
     def __init__(self, experiment_id: str, stage: str, parent_run_id: str | None, run_name: str, tags: dict):
         self.client = MlflowClient()
-        all_tags = {"rlhf.stage": stage, **tags}
+        all_tags = {"rlhf.stage": stage, **owner_tags(), **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         self.run = store_call("create_run", self.client.create_run, experiment_id, run_name=run_name, tags=all_tags)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+from rlhf_lib.redaction import redact_tree
 
 
 class ConfigError(ValueError):
@@ -12,6 +14,12 @@ class ConfigError(ValueError):
 class Section(BaseModel):
     # No inf or nan in any number: `sft.lr=.inf` would pass `gt=0` and train to nan.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_serializer(mode="wrap", when_used="json")
+    def _redacted(self, handler):
+        """JSON dumps (Prefect's flow parameters, the config artifact, deployments) carry no secret-shaped text
+        (`rlhf_lib.redaction`); Python dumps (cache keys, the stages' own jobs) keep the values."""
+        return redact_tree(handler(self), by_key=False)
 
 
 # Our column names that a `data.*_columns` mapping may point at the user's columns.

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 
 from rlhf_lib.config.base import Section
+from rlhf_lib.redaction import redact_text
 
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -33,7 +34,8 @@ class RewardSource(Section):
                                  "built-in: rlhf_lib.rewards.builtin:exact_match, length_target, required_format.")
     params: dict[str, Any] = Field(default_factory=dict, description="kind function: keyword arguments passed "
                                    "to the function on every call (e.g. {target: 20} for length_target).")
-    url: str | None = Field(None, description="kind http: the scoring URL (POST), e.g. http://127.0.0.1:8765/score.")
+    url: str | None = Field(None, description="kind http: the scoring URL (POST), e.g. http://127.0.0.1:8765/score; "
+                            "`${VAR}` in it is read from the environment at each call (keys stay out of the config).")
     version: str | None = Field(None, description="kind http: a version string of what the endpoint serves; part "
                                 "of the PPO cache key (the endpoint's answers cannot be hashed).")
     token_env: str | None = Field(None, description="kind http: environment variable holding the bearer token "
@@ -73,7 +75,7 @@ class RewardSource(Section):
     def describe(self) -> str:
         """How errors name the source: `reward 'len' (function mypkg.rewards:length)`."""
         what = {"model": self.model or "the reward stage's model", "function": self.function, "http": self.url}
-        return f"reward {self.name!r} ({self.kind} {what[self.kind]})"
+        return redact_text(f"reward {self.name!r} ({self.kind} {what[self.kind]})")
 
 
 def default_rewards() -> list[RewardSource]:

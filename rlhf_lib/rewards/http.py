@@ -8,7 +8,9 @@ ends the call with its one-line error. `timeout_s` bounds each try from its star
 server that trickles its answer is cut there, not at each read), and an answer is at most `MAX_ANSWER_BYTES`, so one
 request takes at most retries x timeout_s + (retries - 1) x RETRY_AFTER_CAP_S. Redirects are
 not followed, so the bearer token only ever goes to the configured host. The token is read from its environment
-variable on every call and is kept nowhere else: not in the object, its repr, a log line or an error message.
+variable on every call and is kept nowhere else: not in the object, its repr, a log line or an error message. A key
+the endpoint wants in its URL goes the same way: `${VAR}` in `url` is replaced from the environment on every call
+(`https://judge/score?api_key=${JUDGE_KEY}`), and the URL in messages is redacted (`rlhf_lib.redaction`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rlhf_lib.redaction import redact_text
 from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
 
 MAX_BACKOFF_S = 10.0
@@ -37,6 +40,7 @@ _log = logging.getLogger(__name__)
 # RFC 6750 b64token: what a bearer token may hold. Anything else (a stray newline from `$(cat file)`) would make the
 # HTTP library raise an error that quotes the header, token included.
 _TOKEN = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class _RetryableStatus(Exception):
@@ -115,8 +119,8 @@ class HttpReward:
         self.name, self.url, self.token_env = name, url, token_env
         self.timeout_s, self.retries, self.verify_tls, self.batch_size = timeout_s, retries, verify_tls, batch_size
         self.backoff_s = backoff_s
-        self.source = f"reward {name!r} (http {url})"
-        parts = urlsplit(url)
+        self.source = f"reward {name!r} (http {redact_text(url)})"
+        parts = urlsplit(_VAR.sub("x", url))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise RewardError(f"{self.source}: expected an http:// or https:// URL with a host, got {url!r}")
         if retries < 1 or timeout_s <= 0 or (batch_size is not None and batch_size < 1):
@@ -129,7 +133,7 @@ class HttpReward:
             _log.warning("%s: TLS certificate verification is off (verify_tls=False)", self.source)
 
     def __repr__(self) -> str:
-        return (f"HttpReward(name={self.name!r}, url={self.url!r}, token_env={self.token_env!r}, "
+        return (f"HttpReward(name={self.name!r}, url={redact_text(self.url)!r}, token_env={self.token_env!r}, "
                 f"timeout_s={self.timeout_s}, retries={self.retries}, verify_tls={self.verify_tls}, "
                 f"batch_size={self.batch_size})")
 
@@ -139,6 +143,7 @@ class HttpReward:
         if n == 0:
             return []
         token = self._token()
+        url = self._url()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         step = self.batch_size or n
         values: list[Any] = []
@@ -146,7 +151,7 @@ class HttpReward:
             for start in range(0, n, step):
                 part = _rows(batch, start, min(start + step, n))
                 where = self.source if step >= n else f"{self.source}, rows {start}-{start + len(part) - 1}"
-                scores = self._scores(client, part, headers, where, token)
+                scores = self._scores(client, url, part, headers, where, token)
                 if not isinstance(scores, list):
                     raise RewardError(f"{where}: \"scores\" is {type(scores).__name__}, expected a list of "
                                       f"{len(part)} numbers")
@@ -167,7 +172,15 @@ class HttpReward:
                               "token cannot have (whitespace or a line break inside it?)")
         return token
 
-    def _scores(self, client: httpx.Client, part: TextBatch, headers: dict[str, str], where: str,
+    def _url(self) -> str:
+        """`url` with each `${VAR}` taken from the environment now; a RewardError naming a variable that is unset."""
+        def value(match: re.Match) -> str:
+            if not (found := os.environ.get(match.group(1), "")):
+                raise RewardError(f"{self.source}: environment variable {match.group(1)} (in the url) is not set")
+            return found
+        return _VAR.sub(value, self.url)
+
+    def _scores(self, client: httpx.Client, url: str, part: TextBatch, headers: dict[str, str], where: str,
                 token: str | None) -> Any:
         """The `scores` value of one request's answer, after retries; a RewardError on any failure."""
         try:  # encoded once, not on every try; a column value JSON cannot hold is named here, not as a TypeError
@@ -178,7 +191,7 @@ class HttpReward:
         tries = 0
 
         def read_all(deadline: float) -> httpx.Response:
-            with client.stream("POST", self.url, content=content, headers=headers) as streamed:
+            with client.stream("POST", url, content=content, headers=headers) as streamed:
                 body = bytearray()
                 for chunk in streamed.iter_bytes():
                     body += chunk
@@ -280,6 +293,6 @@ def _describe(e: BaseException | None) -> str:
 
 
 def _scrub(text: str, token: str | None) -> str:
-    """`text` with the token replaced by `***`: a server that echoes the request's headers must not put it into an
-    error message or a log line."""
-    return text.replace(token, "***") if token else text
+    """`text` with the token replaced by `***` and anything secret-shaped redacted: a server that echoes the
+    request's headers or URL must not put them into an error message or a log line."""
+    return redact_text(text.replace(token, "***") if token else text)

@@ -153,7 +153,7 @@ def test_credentials_never_reach_params_or_tags():
     assert redact("ppo.max_new_tokens", 12) == "12" and redact("tokenizer", "gpt2") == "gpt2"
     assert redact("note", "use hf_abcdefghijklmnopqrstuvwxyz0123 here") == "use *** here"
     assert redact("uri", "https://user:s3cret@host/x") == "https://***@host/x"
-    assert redact("auth", "Bearer abc.def") == "***"  # key matches nothing, but the value is a bearer token
+    assert redact("auth", "Bearer abc.def") == "Bearer ***"  # key matches nothing, but the value is a bearer token
 
 
 def _locked():
