@@ -4,7 +4,7 @@ Prefect would start the same server itself (`SubprocessASGIServer`), but only at
 torch/transformers imports, and only after importing its whole server stack in our process. Spawning it first,
 without importing Prefect, lets its ~8 s start run on the other core while this process imports: a fully cached
 `rlhf run full` takes ~8 s less. The command and environment are the ones Prefect itself uses, plus the write
-batching of `flows.prefect_tuning`.
+batching of `flows.prefect_tuning`; the app is Prefect's behind a Host check (`flows.prefect_server`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class EphemeralPrefect:
         parent = os.getpid()
         return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "flows.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, preexec_fn=lambda: _die_with(parent) if sys.platform == "linux" else None,
         )

@@ -124,12 +124,16 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
     # CORS for its own UI only (Prefect's default is any origin: any web page a user opens could post flow runs).
     prefect_env = {**server_batching(), "PREFECT_HOME": _prefect_home(state),
                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": ep.prefect_api,
-                   "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ep.prefect_ui.rstrip("/")}
+                   "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": ep.prefect_ui.rstrip("/"), "PREFECT__SERVER_FINAL": "1",
+                   "RLHF_BIND_HOST": ep.bind_host}
     return {
         "prefect": Service(
             name="prefect",
-            argv=[sys.executable, "-m", "prefect", "server", "start",
-                  "--host", ep.bind_host, "--port", str(ep.prefect_port)],
+            # Prefect's app behind a Host check (`flows.prefect_server`: DNS rebinding), as `prefect server start`
+            # runs it.
+            argv=[sys.executable, "-m", "uvicorn", "--factory", "flows.prefect_server:create_app",
+                  "--host", ep.bind_host, "--port", str(ep.prefect_port), "--lifespan", "on",
+                  "--timeout-keep-alive", "5", "--log-level", "warning"],
             env=prefect_env,
             cwd=state,
             url=ep.prefect_ui,

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from stages.net import free_port
+from tests.flows.procs import kill_all
 
 HH = Path(__file__).resolve().parents[1] / "fixtures" / "hh_rlhf" / "harmless-240.jsonl"
 
@@ -94,11 +95,7 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
         _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, [c.cmdline() for c in alive]
     finally:
-        for p in [proc, *children]:
-            try:
-                p.kill()
-            except (OSError, psutil.Error):
-                pass
+        kill_all([proc, *children])
 
 
 def test_a_device_this_machine_lacks_is_one_line_before_any_stage(tmp_path):

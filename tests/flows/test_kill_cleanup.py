@@ -13,6 +13,7 @@ import time
 import psutil
 
 from stages.owner import HOST, PID, STARTED, owner_alive, owner_tags
+from tests.flows.procs import kill_all
 
 
 def _dead_pid() -> int:
@@ -103,8 +104,4 @@ def test_kill_9_leaves_no_server_and_the_next_run_cleans_up(tmp_path):
         assert all(mv.run_id in finished for mv in client.search_model_versions("name = 'rlhf-sft'"))
         assert not any(staging.glob("rlhf-*"))
     finally:
-        for p in [proc, *children]:
-            try:
-                p.kill()
-            except (OSError, psutil.Error):
-                pass
+        kill_all([proc, *children])
