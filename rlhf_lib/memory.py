@@ -16,7 +16,8 @@ In bytes, per stage:
   runs: counted in that pass's phase.
 - runtime: on a GPU, `RUNTIME_RESERVE` for the CUDA context and the allocator's slack; on a CPU (the estimate is
   then of the process's resident memory), `CPU_PROCESS_BASE` for the interpreter and its libraries (torch,
-  transformers, Prefect, MLflow: 0.52 GiB measured after importing the stages).
+  transformers, Prefect, MLflow: 0.52 GiB measured after importing the stages), and in each training phase
+  `CPU_HEAP_SLACK` of its activations for what glibc keeps of earlier steps' freed ones.
 
 Assumptions: every process holds whole models (DDP, as the stages launch; FSDP/DeepSpeed would shard them); rows run
 at full length (prompt + response = model.n_positions); a loaded checkpoint's vocabulary is not resized (GPT-2 gets
@@ -48,6 +49,13 @@ CPU_PROCESS_BASE = int(0.6 * GiB)
 # copy, the softmax that logsumexp and the entropy keep, their gradient. Scoring: the logits, the scaled copy,
 # logsumexp's exp.
 LOGIT_COPIES_TRAIN, LOGIT_COPIES_INFER = 4, 3
+# On a CPU the process's resident memory also holds what glibc's allocator keeps of the activations earlier training
+# steps freed: fragments of its heaps that it cannot return, and that the next step's tensors of other sizes cannot
+# reuse (neither `malloc_trim` between steps nor a fixed mmap threshold or a single arena lowered the peak). Measured
+# on smollm2-hh's reward stage as about half of a step's activations (benchmarks/RESULTS.md) and counted so in every
+# training phase on a CPU; logits are left out (blocks that large are mmapped and returned when freed).
+CPU_HEAP_SLACK = 0.5
+TRAINING_PHASES = ("training step", "update: policy", "update: value model", "update: ptx")
 STAGES = ("sft", "reward", "ppo", "eval")
 Kind = Literal["weights", "grads", "adam", "activations", "runtime"]
 KINDS: tuple[Kind, ...] = ("weights", "grads", "adam", "activations", "runtime")
@@ -253,6 +261,12 @@ def estimate(cfg: PipelineConfig, stage: str, models: Models | None = None) -> E
         static, phases = _ppo_static(cfg, ms), _ppo_phases(cfg, ms)
     else:
         static, phases = _eval(cfg, ms) if stage == "eval" else _supervised(cfg, ms, stage)
+    if on_cpu(cfg.resources):
+        for name in TRAINING_PHASES:
+            kept = sum(c.bytes for c in phases.get(name, []) if "logits" not in c.name and "autocast" not in c.name)
+            if kept:
+                phases[name].append(_act("freed activations glibc keeps (CPU)", int(CPU_HEAP_SLACK * kept),
+                                         *phases[name][0].keys))
     sums = {name: sum(c.bytes for c in comps) for name, comps in phases.items()}
     peak = max(sums, key=sums.__getitem__)
     runtime = (Component("runtime", "process: Python, torch, transformers, Prefect, MLflow", CPU_PROCESS_BASE)

@@ -8,6 +8,8 @@ import torch
 
 from rlhf_lib.config import ConfigError, PipelineConfig
 from rlhf_lib.memory import (
+    CPU_HEAP_SLACK,
+    on_cpu,
     CPU_PROCESS_BASE,
     GiB,
     MemoryBudgetError,
@@ -163,7 +165,17 @@ def test_sft_logits_and_reward_lists_by_hand():
     assert part(sft, "activations", "logits") == 2 * 512 * 50257 * 4 * 4
     reward = estimate(cfg, "reward")  # 2 lists x K=4 responses of 512 tokens
     a = resolve_models(cfg).reward
-    assert reward.phases["training step"] == trained_activations(a, 8 * 512, 4, 4, False)
+    act = trained_activations(a, 8 * 512, 4, 4, False)
+    assert reward.phases["training step"] == act + (int(CPU_HEAP_SLACK * act) if on_cpu(cfg.resources) else 0)
+
+
+def test_on_a_cpu_training_phases_count_what_glibc_keeps():
+    gpu = estimate(config(resources={"device": "cuda"}), "ppo")
+    cpu = estimate(config(resources={"device": "cpu"}), "ppo")
+    kept = part(cpu, "activations", "freed activations glibc keeps (CPU)")
+    assert part(gpu, "activations", "freed activations glibc keeps (CPU)") == 0
+    assert kept == int(CPU_HEAP_SLACK * part(cpu, "activations", "policy activations"))  # logits left out
+    assert cpu.phases["score: reference"] == gpu.phases["score: reference"]  # no training, no slack
 
 
 def test_refusal_names_the_largest_parts_and_their_keys():
