@@ -278,18 +278,17 @@ def lookup_task(experiment_id: str, stage: str, key: str, fetch: bool = False) -
 
 @task(name="publish", **_IO)
 def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
-    """Log the artifacts, mark the run complete (only now is it a cache hit), then register the model: a version
-    exists only for a run that finished its work (a kill before the registration leaves a finished run without a
-    version, never a version of an unfinished run). Idempotent under retries: the same files, at most one version
-    per run (see `register`), the same tags."""
+    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit. Idempotent
+    under retries: the same files, at most one version per run (see `register`), the same tags. A kill between the
+    registration and the run's end leaves a version of a RUNNING run: the next run on the machine deletes it and
+    marks the run FAILED (`stages.reaper`)."""
     run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
-    run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
-                  "rlhf.cache_key": lineage["rlhf.cache_key"]})
-    run.finish("FINISHED")
     model_uri = None
     if run.stage in MODEL_NAMES:
         model_uri = store_call("register", register, run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
-        run.set_tags({"rlhf.model_uri": model_uri})
+    run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
+                  "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})
+    run.finish("FINISHED")
     return model_uri
 
 

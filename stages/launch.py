@@ -91,10 +91,14 @@ def run_job(entry: Entry, job: dict[str, Any], resources: ResourcesConfig, workd
     precision = mixed_precision or resources.mixed_precision
     spec = {"entry": entry_name(entry), "job": job, "threads": max(1, torch_threads // resources.num_processes)}
     (workdir / "job.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+    # `accelerate launch` with torchrun's store on the main process address only (`stages.bound_launch`).
+    cmd = [sys.executable, "-m", "stages.bound_launch", "--config_file", str(config_file),
            *placement(resources), "--mixed_precision", precision, "-m", "stages.launch", str(workdir / "job.json")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")]))}
     if resources.num_machines == 1:
+        # gloo's pairs and NCCL's bootstrap on loopback too (a multi-homed machine would offer its other addresses).
+        if sys.platform == "linux":
+            env = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", **env}
         _run(cmd, env, workdir, sink)
         return
     env[TIMEOUT_ENV] = str(resources.rdzv_timeout_s)

@@ -49,6 +49,12 @@ def _ports() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+@pytest.fixture(autouse=True)
+def rdzv_secret(monkeypatch):
+    """Every node of these tests holds the same shared secret (stages/rendezvous.py), as a user's nodes must."""
+    monkeypatch.setenv("RLHF_RDZV_SECRET", "test-nodes-secret")
+
+
 def _nodes(port: int, timeout: float = 60.0) -> list[ResourcesConfig]:
     return [ResourcesConfig(num_processes=1, num_machines=2, machine_rank=r, rdzv_endpoint=f"127.0.0.1:{port}",
                             rdzv_timeout_s=timeout, accelerate_config="cpu_gloo.yaml") for r in (0, 1)]
