@@ -25,7 +25,7 @@ _SECRET_VALUE = re.compile(
     r"|\bsk-[A-Za-z0-9_-]{20,}"
     r"|Bearer\s+(?!\*\*\*)[^\s\"',;]+"
     r"|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)"
-    rf"|(?<=[?&])(?:{_QUERY_KEYS})=(?!\*\*\*)[^&#\s\"']+", re.I)
+    rf"|(?<=[?&])(?:{_QUERY_KEYS})=(?!\*\*\*|\$\{{)[^&#\s\"']+", re.I)  # `${VAR}`: a reference, kept
 
 
 def _mask(match: re.Match) -> str:

@@ -25,6 +25,7 @@ from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.events import Checkpoint, Event, Resumed
+from rlhf_lib.config.base import KEEP_SECRETS
 from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
@@ -189,7 +190,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
         heldout = ([p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
                    if cfg.ppo.eval_every else [])
-        job = PPOJob(config=cfg.model_dump(mode="json"), sft_dir=str(sft_dir),
+        # The job's own copy keeps what redaction would hide (a literal key in a reward URL): it never leaves us.
+        job = PPOJob(config=cfg.model_dump(mode="json", context={KEEP_SECRETS: True}), sft_dir=str(sft_dir),
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
                      judge=has_judge(data_dir), eval_prompts=heldout,
                      columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"))

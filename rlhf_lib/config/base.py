@@ -7,6 +7,9 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 from rlhf_lib.redaction import redact_tree
 
 
+KEEP_SECRETS = "keep_secrets"
+
+
 class ConfigError(ValueError):
     """A config that cannot be used; the message names each bad key and what it expected."""
 
@@ -16,9 +19,12 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @model_serializer(mode="wrap", when_used="json")
-    def _redacted(self, handler):
+    def _redacted(self, handler, info):
         """JSON dumps (Prefect's flow parameters, the config artifact, deployments) carry no secret-shaped text
-        (`rlhf_lib.redaction`); Python dumps (cache keys, the stages' own jobs) keep the values."""
+        (`rlhf_lib.redaction`); Python dumps (cache keys) keep the values, and so does a JSON dump with
+        `context={KEEP_SECRETS: True}` (the job file of this stage's own launched processes)."""
+        if info.context and info.context.get(KEEP_SECRETS):
+            return handler(self)
         return redact_tree(handler(self), by_key=False)
 
 

@@ -74,3 +74,15 @@ def test_the_http_client_reads_url_variables_and_never_shows_them(monkeypatch):
     with pytest.raises(RewardError) as info:
         literal(batch)
     assert KEY not in str(info.value) and "api_key=***" in str(info.value) and KEY not in repr(literal)
+
+
+def test_variable_references_survive_and_the_jobs_own_dump_keeps_secrets():
+    from rlhf_lib.config.base import KEEP_SECRETS
+
+    assert redact_text("https://j/s?api_key=${JUDGE_KEY}&token=abc") == "https://j/s?api_key=${JUDGE_KEY}&token=***"
+    cfg = PipelineConfig.model_validate({"ppo": {"rewards": [
+        {"name": "rm", "kind": "model"},
+        {"name": "judge", "kind": "http", "url": f"https://judge/score?api_key={KEY}"}]}})
+    kept = cfg.model_dump(mode="json", context={KEEP_SECRETS: True})
+    assert kept["ppo"]["rewards"][1]["url"].endswith(KEY)  # what PPO's job file holds: the run needs the key
+    assert PipelineConfig.model_validate(kept) == cfg
