@@ -98,15 +98,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.preset, args.config, args.set or [])
     seeds = parse_seeds(args.seeds) if args.seeds else None  # refused before any work
-    from rlhf_lib.devices import resolve_device
-
-    resolve_device(cfg.resources.device)  # a device this machine lacks: one line, before any server or stage
     configure_env()
     from flows.stores import preflight
 
     # A server that answers while its database or artifact store is down: named now, not after a minute of retries.
     preflight(os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("PREFECT_API_URL"))
     server = start_prefect()
+    from rlhf_lib.devices import resolve_device  # imports torch: after the server's spawn, not before
+
+    resolve_device(cfg.resources.device)  # a device this machine lacks: one line, before any store or stage
     from flows.console import Console
     from rlhf_lib.process import configure_process
 

@@ -277,15 +277,17 @@ def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, h
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/health")
         monkeypatch.setenv("E2E_RM_TOKEN", token)
-        http = {"name": "rm", "kind": "http", "url": f"http://127.0.0.1:{port}/score", "token_env": "E2E_RM_TOKEN",
-                "version": rm_uri}
+        # A literal key in the URL (the server ignores it): no store or log may keep it.
+        http = {"name": "rm", "kind": "http", "url": f"http://127.0.0.1:{port}/score?api_key=e2e-planted-key",
+                "token_env": "E2E_RM_TOKEN", "version": rm_uri}
         served = rlhf(config=load_config("micro", str(_rewards_file(tmp_path, http)), ["ppo.rm_offset_samples=0"]),
                       pipeline="ppo")
     finally:
         proc.terminate()
         out = proc.communicate(timeout=60)[0]
-    assert token not in out
+    assert token not in out and "e2e-planted-key" not in out  # the server's access log is redacted too
     assert statuses(served) == {"data": "cached", "sft": "cached", "reward": "skipped", "ppo": "ran"}
+    assert not [p for p in Path(home).rglob("*") if p.is_file() and b"e2e-planted-key" in p.read_bytes()]
     rm_dir = download(rm_uri)
     local = TextRewardModel(load_scalar(rm_dir), load_tokenizer(rm_dir))
     run_id = served["stages"]["ppo"]["mlflow_run_id"]
