@@ -215,7 +215,7 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str 
     """
     state = Path(state).resolve()
     ep = _endpoints()
-    specs = _services(state, ep, preset)
+    specs = base = _services(state, ep, preset)
     shared = None
     if stores == "postgres":
         shared = shared_stores.SharedStores.from_env(state, _env_port)
@@ -265,7 +265,8 @@ def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str 
             for name in todo:
                 wait_ready(state, specs[name], running.get(name) or started[name], timeout_s)
             if shared is not None and phase == shared_stores.NAMES:
-                shared.provision()  # databases and bucket, before the servers open them
+                shared.provision(s3_started="s3" in started)  # the S3 key, databases, bucket: before the servers
+                specs.update(shared.adapt(base))  # the MLflow server gets the S3 key made just now
     except BaseException:
         # All or nothing: what this call started goes again (serve first), so a failed `up` leaves no
         # half-started set behind; services that were already running are left as they were.

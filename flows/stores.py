@@ -6,9 +6,10 @@ one machine. MLflow's and Prefect's databases are on PostgreSQL, MLflow's artifa
   (5433, beside a system server's 5432), and stopped by `pg_ctl stop -m fast`. Databases `mlflow` and `prefect`, role
   `rlhf` with a generated password (`<state>/services/postgres.password`). PostgreSQL refuses to run as root: as
   root, the cluster belongs to and runs as the system user `postgres`.
-- S3: moto in server mode on 127.0.0.1:$RLHF_S3_PORT (9000), bucket `rlhf-artifacts`. moto keeps objects in memory,
-  so `rlhf down` drops the artifacts; `RLHF_S3_ENDPOINT_URL` names a lasting S3-compatible server to use instead,
-  with the AWS credentials of the environment.
+- S3: moto in server mode on 127.0.0.1:$RLHF_S3_PORT (9000), bucket `rlhf-artifacts`, checking a key generated at
+  its start (`flows.s3_auth`). moto keeps objects in memory, so `rlhf down` drops the artifacts;
+  `RLHF_S3_ENDPOINT_URL` names a lasting S3-compatible server to use instead, with the AWS credentials of the
+  environment.
 - The MLflow server proxies the artifacts (`--artifacts-destination s3://rlhf-artifacts`): only it holds S3
   credentials, and clients need nothing but the tracking URI.
 
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flows import s3_auth
 from flows.procs import Service, read_pid, recorded_url, services_dir
 from stages.net import ServiceUnreachable, healthy, http_get
 
@@ -42,9 +44,6 @@ ROLE = "rlhf"
 DATABASES = ("mlflow", "prefect")
 RUN_AS_ROOT = "postgres"  # the system user of Debian's postgresql package
 PROBE_S = 5.0  # an endpoint that does not answer within this is named as dead
-# The bundled S3 server takes any credentials: the MLflow server gets these, so the user's own never reach it.
-LOCAL_S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rlhf-local", "AWS_SECRET_ACCESS_KEY": "rlhf-local",
-                        "AWS_DEFAULT_REGION": "us-east-1"}
 AWS_PROFILE_VARS = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 MODULES = {"psycopg2": "psycopg2-binary", "asyncpg": "asyncpg", "boto3": "boto3", "moto": "moto[s3]"}
 
@@ -169,13 +168,18 @@ class SharedStores:
                                    ready=lambda _s: pg_ready(self.state, self.pg_port))}
         if not self.external_s3:
             port = int(self.s3_endpoint.rsplit(":", 1)[1])
+            # Signed requests only, past the three that `s3_auth.bootstrap` spends on the key; the probe's path is
+            # not one of them.
             out["s3"] = Service(name="s3", argv=[sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
-                                env={}, cwd=self.state, url=self.s3_endpoint, port=port,
-                                ready=lambda _s: http_get(self.s3_endpoint, PROBE_S) is not None)
+                                env={"INITIAL_NO_AUTH_ACTION_COUNT": str(s3_auth.FREE_ACTIONS)}, cwd=self.state,
+                                url=self.s3_endpoint, port=port,
+                                ready=lambda _s: http_get(f"{self.s3_endpoint}/moto-api/data.json",
+                                                          PROBE_S) is not None)
         return out
 
-    def provision(self) -> None:
-        """Once the stores answer: the databases and the bucket, each created when missing."""
+    def provision(self, s3_started: bool = False) -> None:
+        """Once the stores answer: the databases and the bucket, each created when missing; when this call started
+        the bundled S3 server, first its access key (`s3_auth.bootstrap`)."""
         import psycopg2
 
         conn = psycopg2.connect(host=HOST, port=self.pg_port, user=ROLE, password=password(self.state),
@@ -189,6 +193,8 @@ class SharedStores:
                         cur.execute(f'CREATE DATABASE "{db}" OWNER "{ROLE}"')
         finally:
             conn.close()
+        if s3_started and not self.external_s3:
+            s3_auth.bootstrap(self.state, self.s3_endpoint)
         self._ensure_bucket()
 
     def _ensure_bucket(self) -> None:
@@ -196,9 +202,13 @@ class SharedStores:
         from botocore.config import Config
         from botocore.exceptions import BotoCoreError, ClientError
 
-        creds = {} if self.external_s3 else {"aws_access_key_id": LOCAL_S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                             "aws_secret_access_key": LOCAL_S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                             "region_name": LOCAL_S3_CREDENTIALS["AWS_DEFAULT_REGION"]}
+        local = s3_auth.credentials(self.state)
+        if not self.external_s3 and not local:
+            raise RuntimeError(f"no key for the S3 store at {self.s3_endpoint} in {s3_auth.credentials_path(self.state)}"
+                               ": run `rlhf down`, then `rlhf up --stores postgres` (a new start makes one)")
+        creds = {} if self.external_s3 else {"aws_access_key_id": local["AWS_ACCESS_KEY_ID"],
+                                             "aws_secret_access_key": local["AWS_SECRET_ACCESS_KEY"],
+                                             "region_name": local["AWS_DEFAULT_REGION"]}
         s3 = boto3.client("s3", endpoint_url=self.s3_endpoint, **creds, config=Config(
             connect_timeout=PROBE_S, read_timeout=30, retries={"max_attempts": 2}))
         try:
@@ -217,7 +227,7 @@ class SharedStores:
         if "mlflow" in specs:
             svc = specs["mlflow"]
             s3_env = {"MLFLOW_S3_ENDPOINT_URL": self.s3_endpoint,
-                      **({} if self.external_s3 else LOCAL_S3_CREDENTIALS)}
+                      **({} if self.external_s3 else s3_auth.credentials(self.state))}
             out["mlflow"] = replace(
                 svc,
                 argv=[*_without(svc.argv, "--backend-store-uri", "--default-artifact-root"),

@@ -137,9 +137,12 @@ def _client(urls: dict):
     return MlflowClient(tracking_uri=urls["mlflow_ui"], registry_uri=urls["mlflow_ui"])
 
 
-def _bucket_keys(endpoint: str) -> list[str]:
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x", aws_secret_access_key="x",
-                      region_name="us-east-1")
+def _bucket_keys(endpoint: str, state: Path) -> list[str]:
+    from flows import s3_auth
+
+    creds = s3_auth.credentials(state)  # the MLflow server's key: the bundled store refuses any other
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=creds["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
     pages = s3.get_paginator("list_objects_v2").paginate(Bucket=stores.BUCKET)
     return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
@@ -180,7 +183,7 @@ def test_micro_pipeline_on_postgres_and_s3_as_on_sqlite(shared_set, workdir) -> 
     assert policy.source.startswith("mlflow-artifacts:/")  # proxied: clients never see the bucket
 
     # The artifacts are in the bucket, and nothing in a local store: not the user's dir, not the state dir.
-    keys = _bucket_keys(shared_set["s3"])
+    keys = _bucket_keys(shared_set["s3"], state)
     for stage in ("sft", "reward", "ppo"):
         run_id = summary["stages"][stage]["mlflow_run_id"]
         assert any(k.endswith(f"{run_id}/artifacts/model/model.safetensors") for k in keys), stage
@@ -197,7 +200,7 @@ def test_micro_pipeline_on_postgres_and_s3_as_on_sqlite(shared_set, workdir) -> 
 def _final_metrics(client, run_id: str) -> dict[str, float]:
     metrics = client.get_run(run_id).data.metrics
     last = {k: max(client.get_metric_history(run_id, k), key=lambda m: m.step) for k in metrics}
-    return {k: m.value for k, m in last.items() if not k.startswith("time/")}
+    return {k: m.value for k, m in last.items() if not k.startswith(("time/", "system/"))}  # host measurements
 
 
 @pytest.mark.slow
@@ -206,12 +209,12 @@ def test_killed_ppo_resumes_from_its_s3_checkpoint(shared_set, workdir) -> None:
     """tests/stages/test_resume.py against the shared set: the checkpoint is read back from the bucket."""
     urls, home = shared_set["urls"], workdir / "home"
     start = time.monotonic()
-    before = set(_bucket_keys(shared_set["s3"]))  # the earlier pipeline's PPO has an iter_000002 checkpoint too
+    before = set(_bucket_keys(shared_set["s3"], shared_set["state"]))  # the earlier pipeline's PPO has an iter_000002 checkpoint too
     proc = subprocess.Popen(RESUME_CMD, env=_client_env(home, urls), cwd=workdir, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     # The marker is uploaded after the checkpoint's files: only then is it a checkpoint resume can use.
-    while not any(k.endswith("checkpoints/iter_000002/COMPLETE") for k in set(_bucket_keys(shared_set["s3"])) - before):
+    while not any(k.endswith("checkpoints/iter_000002/COMPLETE") for k in set(_bucket_keys(shared_set["s3"], shared_set["state"])) - before):
         assert proc.poll() is None and time.monotonic() < deadline, "PPO ended before its first checkpoint"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
