@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.config import BenchPipelineConfig
 from benchmarks.flops import Shape, ppo_iteration_flops
+from rlhf_lib.devices import DTYPES
 from rlhf_lib.ppo.loop import run_iteration
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.process import configure_process
@@ -183,8 +184,11 @@ def _iteration(trainer: PPOTrainer, device: str) -> dict[str, float]:
 
     cpu0, busy0, t0 = time.process_time(), machine_busy_s(), time.perf_counter()
     ro, stats = run_iteration(trainer, synced)
-    if ro.response.shape[1] != trainer.cfg.max_new_tokens or not bool(ro.response_mask.all()):
-        raise RuntimeError("a response stopped early: the benchmark needs every token sampled")
+    # Every row runs max_new_tokens through sampling, scoring and the update while the batch is that wide: a reply
+    # that ends early (an EOS under ppo.stop_at_eos=false) is masked, not shortened, so the work is the same.
+    if ro.response.shape[1] != trainer.cfg.max_new_tokens:
+        raise RuntimeError("the rollout stopped early: the benchmark needs max_new_tokens sampled "
+                           "(set ppo.stop_at_eos=false)")
     cpu = time.process_time() - cpu0
     return {"total_s": time.perf_counter() - t0, "generate_s": stats["time/rollout_s"],
             "rollout_score_s": stats["time/score_s"] + stats["time/gae_s"], "update_s": stats["time/update_s"],
@@ -199,7 +203,10 @@ def run(c: BenchPipelineConfig, on_iteration=None) -> dict:
     t_setup = time.perf_counter()
     tokenizer, prompts = make_prompts(c)
     models = build_models(c, tokenizer)
-    trainer = PPOTrainer(models, prompts, c.ppo, max_prompt_tokens=c.bench.prompt_length)
+    # The precision of `rlhf run ppo` (rlhf_lib/ppo/loop.py:build_trainer): autocast and the frozen models' dtype.
+    trainer = PPOTrainer(models, prompts, c.ppo, max_prompt_tokens=c.bench.prompt_length,
+                         mixed_precision=c.resources.mixed_precision,
+                         frozen_dtype=DTYPES[c.resources.frozen_dtype])
     rss_after_models = peak_rss_mib()
     setup_s = time.perf_counter() - t_setup
     if c.bench.device.startswith("cuda"):
@@ -292,8 +299,15 @@ def report(s: dict) -> str:
     model = (m["name_or_path"] if m.get("name_or_path")
              else f"GPT-2 {m['n_layer']}x{m['n_embd']}, vocab {m['vocab_size']}")
     head = (f"PPO ({c['name']}), {p['batch_size']} prompts x {b['prompt_length']} + {p['max_new_tokens']} tokens, "
-            f"{model}, {b['dtype']} on {b['device']}, {c['torch_threads']} threads")
+            f"{model}, {b['dtype']} on {b['device']}{precision(c['resources'])}, {c['torch_threads']} threads")
     return "\n".join([head] + [f"  {k:40s} {v}" for k, v in rows])
+
+
+def precision(resources: dict) -> str:
+    """", bf16 autocast, frozen models in bfloat16" for the report's head; "" for plain weights."""
+    parts = ([f"{resources['mixed_precision']} autocast"] if resources["mixed_precision"] != "no" else []) + (
+        [f"frozen models in {resources['frozen_dtype']}"] if resources["frozen_dtype"] != "float32" else [])
+    return "".join(", " + p for p in parts)
 
 
 def bench_ppo(c: BenchPipelineConfig) -> dict:

@@ -188,7 +188,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
             release_freed_memory()
             with PeakRSS() as peak:
                 build(run, out_dir)
-            run.log_metrics({"system/peak_rss_gb": peak.bytes / 2**30,
+            run.log_metrics({"system/peak_rss_gb": peak.bytes / 2**30, "system/start_rss_gb": peak.start / 2**30,
                              "system/build_seconds": time.perf_counter() - t_build}, step=0)
             run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)

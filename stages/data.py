@@ -1,7 +1,8 @@
 """Data stage: build a built-in task (demo or arithmetic) or read the user's data, validate every row, and version
 it in MLflow.
 
-Every path writes the same five files (`FILE_NAMES`), so the stages downstream read one contract. Every row is
+Every path writes the same five files (`FILE_NAMES`), so the stages downstream read one contract; the user's data
+adds `conversations.jsonl`, the messages behind each rendered prompt (`rlhf_lib.data.conversations`). Every row is
 validated here, before any training: a bad row fails the stage (FAILED run, nothing registered or cached) or, with
 `data.on_bad_row=skip`, is dropped and counted by reason.
 """
@@ -28,6 +29,8 @@ from rlhf_lib.data import (
     write_jsonl,
 )
 from rlhf_lib.data.chat import Renderer
+from rlhf_lib.data.conversations import FILE_NAME as CONVERSATIONS
+from rlhf_lib.data.conversations import read_conversations, write_conversations
 from rlhf_lib.data.sources import Source, hub_fingerprint
 from rlhf_lib.data.user import build_user_task
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
@@ -48,6 +51,17 @@ USER_SOURCES = ("preferences", "eval_preferences", "sft", "prompts", "eval_promp
 def file_digest(data_dir: Path, key: str) -> str:
     """Content hash of one data file, from the data artifact's manifest."""
     return json.loads((data_dir / "manifest.json").read_text())[FILE_NAMES[key]]
+
+
+def conversations_digest(data_dir: Path) -> str:
+    """Content hash of `conversations.jsonl` ("" where the data has none: the built-in tasks, older data)."""
+    return json.loads((data_dir / "manifest.json").read_text()).get(CONVERSATIONS, "")
+
+
+def conversations(data_dir: Path, reward_own_model: bool) -> dict:
+    """The messages of each rendered prompt, where the RM has a base model of its own (`reward.name_or_path`, whose
+    tokenizer may render differently); {} otherwise."""
+    return read_conversations(data_dir / CONVERSATIONS) if reward_own_model else {}
 
 
 def source_info(data_dir: Path) -> dict:
@@ -114,8 +128,11 @@ def _build_user(cfg: PipelineConfig):
         return load_tokenizer(local_model(m.name_or_path, m.revision), m.revision, m.trust_remote_code)
 
     def build(run: StageRun, out_dir: Path) -> None:
-        task = build_user_task(cfg.data, Renderer(template_tokenizer, cfg.data.render))
+        renderer = Renderer(template_tokenizer, cfg.data.render)
+        task = build_user_task(cfg.data, renderer)
         paths = {key: write_jsonl(out_dir / FILE_NAMES[key], rows) for key, rows in task.records.items()}
+        # The conversation of each rendered prompt, for a reward model that renders with its own template.
+        write_conversations(out_dir / CONVERSATIONS, renderer.conversations)
         name = Source(cfg.data.preferences).name
         counts = _validate_and_log(run, paths, name)
         sources = {key: asdict(report) for key, report in task.sources.items()}

@@ -12,6 +12,7 @@ from prefect import flow, get_run_logger
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
+from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
 from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
 from rlhf_lib.devices import autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
@@ -26,7 +27,7 @@ from rlhf_lib.rewards.combine import RewardSet
 from stages.artifact_cache import download
 from stages.base import RunContext, as_state, key_lock, log_dataset, on_node, run_cached
 from stages.cache import StageResult
-from stages.data import dataset_name, file_digest, has_judge, source_info
+from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge, source_info
 from stages.ppo import prompt_columns, reward_code
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
@@ -73,7 +74,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         reward_tokenizer = (load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
                             if reward is not None else None)
         own = None if reward is None or same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
-        rm = RewardScorer(reward, tokenizer, own) if reward is not None else None
+        rendering = None if own is None else reward_rendering(
+            conversations(data_dir, bool(cfg.reward.name_or_path)), False, own, cfg.data.render, tokenizer)
+        rm = RewardScorer(reward, tokenizer, own, rendering) if reward is not None else None
         rewards = RewardSet(cfg.ppo.rewards, rm, tokenizer, prompt_columns(data_dir, "prompts_eval"),
                             cfg.eval.batch_size)
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows][:cfg.eval.max_prompts]
@@ -97,8 +100,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             if metrics["reward_model_accuracy"] is None:
                 max_length = fit_length(cfg.reward.max_length, reward)
                 with precision():
-                    metrics["reward_model_accuracy"] = pairwise_accuracy(reward, reward_tokenizer, pairs, max_length,
-                                                                         cfg.reward.eval_batch_size)
+                    metrics["reward_model_accuracy"] = pairwise_accuracy(
+                        reward, reward_tokenizer, rendered_pairs(pairs, rendering), max_length,
+                        cfg.reward.eval_batch_size)
             bounds["reward_model_accuracy"] = proportion_interval(
                 round(metrics["reward_model_accuracy"] * len(pairs)), len(pairs))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
@@ -139,6 +143,8 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
+    if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
+        fingerprint += conversations_digest(data_dir)
     section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions,
                                                            "dtype": config.model.dtype},
                "reward": {"max_length": config.reward.max_length},

@@ -30,6 +30,7 @@ class PeakRSS:
     def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
         self.bytes = 0
+        self.start = 0  # the RSS on entry
         self._proc = psutil.Process()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
@@ -43,6 +44,7 @@ class PeakRSS:
 
     def __enter__(self) -> PeakRSS:
         self._read()
+        self.start = self.bytes
         self._thread.start()
         return self
 

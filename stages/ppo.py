@@ -45,7 +45,7 @@ from stages.base import (
     run_cached,
 )
 from stages.cache import StageResult
-from stages.data import dataset_name, file_digest, has_judge
+from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
 from stages.launch import default_config, run_job
 from stages.rendezvous import FollowerDone
 from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
@@ -194,7 +194,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         job = PPOJob(config=cfg.model_dump(mode="json", context={KEEP_SECRETS: True}), sft_dir=str(sft_dir),
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
                      judge=has_judge(data_dir), eval_prompts=heldout,
-                     columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"))
+                     columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"),
+                     conversations=conversations(data_dir, reward is not None and bool(cfg.reward.name_or_path)))
         _train(cfg, run, job)
     return build
 
@@ -262,6 +263,8 @@ def ppo_stage(
     # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
     fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
                                                             if config.ppo.eval_every else "")
+    if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
+        fingerprint += conversations_digest(data_dir)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
     result, _ = run_cached(ctx, "ppo", section, upstream, fingerprint,
                            _build(config, data_dir, data, sft, reward))

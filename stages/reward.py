@@ -12,6 +12,7 @@ from prefect import flow
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
+from rlhf_lib.data.conversations import RewardRendering, rendered_pairs, rendered_ranked, reward_rendering
 from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown
 from rlhf_lib.devices import autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
@@ -23,6 +24,7 @@ from rlhf_lib.models import (
     build_scalar_model,
     fit_length,
     load_tokenizer,
+    same_tokenizer,
 )
 from rlhf_lib.reward import pair_scores
 from rlhf_lib.reward_report import rm_report
@@ -30,7 +32,7 @@ from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
-from stages.data import dataset_name, file_digest, has_judge
+from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.rm_report import render_rm_report
 from stages.supervised import numerics_section, train_supervised
@@ -56,12 +58,25 @@ def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None
     return build_scalar_model(sft_model, seed=r.seed), tokenizer
 
 
+def own_rendering(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, tokenizer) -> RewardRendering | None:
+    """The RM's own rendering of each prompt (its chat template, `rlhf_lib.data.conversations`) when it has a base
+    model of its own whose tokenizer differs from the policy's; None: it reads the policy's text."""
+    table = conversations(data_dir, bool(cfg.reward.name_or_path))
+    if not table:
+        return None
+    policy_tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
+    return reward_rendering(table, same_tokenizer(policy_tokenizer, tokenizer), tokenizer, cfg.data.render)
+
+
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "reward")  # refuse a stage that cannot fit the device before anything loads
         sft_dir = download(sft.artifact_uri, sft.digest)  # here, not before the look-up: a cache hit needs none
         model, tokenizer = build_reward(cfg, sft_dir, run)
-        examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows
+        rendering = own_rendering(cfg, data_dir, sft_dir, tokenizer)
+        run.set_tags({"rlhf.reward.rendering": "policy" if rendering is None
+                      else "own chat template" if rendering.templated else "own hh text"})
+        examples = rendered_ranked(read_ranked(data_dir / FILE_NAMES["preferences"]).rows, rendering)
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
                     f"{data.artifact_uri}/{FILE_NAMES['preferences']}", dataset_name(data_dir, "preferences"),
                     "training", file_digest(data_dir, "preferences"))
@@ -74,7 +89,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                                         RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs,
                                                                rcfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))
-        pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
+        pairs = rendered_pairs(read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows, rendering)
         device = ProcessGroup(device=cfg.resources.device).device
         with autocast(device, cfg.resources.mixed_precision)():
             chosen, rejected = (s.tolist() for s in pair_scores(model.to(device), tokenizer, pairs, rcfg.max_length,
@@ -99,6 +114,9 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)
+    if config.reward.name_or_path:  # its own template renders the conversations where the policy's tokenizer differs
+        fingerprint += conversations_digest(data_dir) + model_source_digest(config.model.name_or_path,
+                                                                            config.model.revision)
     # The model sizes matter when the RM does not start from the SFT model (init_from_sft=false); an RM from its own
     # base model does not depend on SFT at all.
     section = {"reward": config.reward.model_dump(), "model": config.model.model_dump(),

@@ -72,6 +72,9 @@ class Renderer:
         self._loaded = False
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self.used: str | None = None
+        # Every rendered prompt's conversation, by its text: a reward model with a tokenizer of its own renders the
+        # same conversation its own way (rlhf_lib.data.conversations).
+        self.conversations: dict[str, Messages] = {}
 
     def _template(self) -> PreTrainedTokenizerBase | None:
         if not self._loaded:
@@ -101,24 +104,34 @@ class Renderer:
         tok = self._rendered()
         if tok is None:
             turns = "".join(f"\n\n{HH_ROLES.get(m['role'], m['role'].title())}: {m['content']}" for m in messages)
-            return turns + ASSISTANT_TURN
-        try:
-            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # jinja2 raises TemplateError subclasses, templates also raise their own errors
-            raise bad("chat template", f"field {col!r}: the chat template refused it ({e})"[:300], col) from None
+            text = turns + ASSISTANT_TURN
+        else:
+            try:
+                text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            except Exception as e:  # jinja2 raises TemplateError subclasses, templates also raise their own errors
+                raise bad("chat template", f"field {col!r}: the chat template refused it ({e})"[:300], col) from None
+        self.conversations.setdefault(text, messages)
+        return text
 
     def hh_prompt(self, text: str, col: str) -> str:
         """An HH prompt ("\\n\\nHuman: ...\\n\\nAssistant:") as the model sees it: through the chat template when
         `templated`, else as it is."""
-        if not self.templated():
-            return text
         from .hh import transcript_messages
 
+        if not self.templated():
+            try:  # kept as it is; its turns are recorded when they parse, for an RM with a template of its own
+                self.conversations.setdefault(text, transcript_messages(text, col))
+            except DataError:
+                pass
+            return text
         return self.prompt(transcript_messages(text, col), col)
 
     def text_prompt(self, text: str) -> str:
         """A plain string prompt: one user message through the chat template when `templated`, else as it is."""
-        return self.prompt([{"role": "user", "content": text}], "prompt") if self.templated() else text
+        if self.templated():
+            return self.prompt([{"role": "user", "content": text}], "prompt")
+        self.conversations.setdefault(text, [{"role": "user", "content": text}])
+        return text
 
     def reply(self, text: str) -> str:
         """An HH reply (" Hello!") as the response after a rendered prompt: without the space that follows

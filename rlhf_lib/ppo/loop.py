@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lib.config import PipelineConfig
+from rlhf_lib.data.conversations import reward_rendering
 from rlhf_lib.devices import DTYPES, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Checkpoint, Metrics, Notice, Resumed, Sink, Table, Tags
@@ -142,6 +143,8 @@ class PPOJob:
     resume: list[str] = field(default_factory=list)
     eval_prompts: list[str] = field(default_factory=list)  # the held-out prompts of ppo.eval_every
     columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # the prompts' extra fields, by prompt text
+    # the messages of each rendered prompt, for an RM with its own tokenizer (rlhf_lib.data.conversations)
+    conversations: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, job: dict[str, Any]) -> PPOJob:
@@ -177,6 +180,9 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path | None) -> 
 def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
     cfg = PipelineConfig.model_validate(job.config)
     models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir) if job.reward_dir else None)
+    if models.reward_tokenizer is not None:  # an RM with its own tokenizer reads its own chat template
+        models.reward_rendering = reward_rendering(job.conversations, False, models.reward_tokenizer,
+                                                   cfg.data.render, models.tokenizer)
     group = group or ProcessGroup(device=cfg.resources.device)
     return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.max_new_tokens,
                       ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group,
@@ -219,6 +225,10 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
             trainer.engine.close()
     if trainer.group.is_main:
         save_model(kept_policy(trainer, sink), trainer.models.tokenizer, Path(job.out_dir))
+    if (rendering := trainer.models.reward_rendering) is not None and sink is not None:
+        # How many scored prompts the RM read through its own template (a prompt cut to fit the context is not).
+        sink.emit(Tags({"rlhf.reward.rendering": f"own {'chat template' if rendering.templated else 'hh text'}: {rendering.rendered} prompts, "
+                        f"{rendering.misses} scored as the policy's text"}))
 
 
 def kept_policy(trainer: PPOTrainer, sink: Sink | None):

@@ -4,7 +4,9 @@ The policy's token ids mean nothing to such an RM, so each (prompt, response) is
 tokenizer and encoded again with the RM's, exactly as the RM saw it in training (`collate.encode_prompt_response`:
 prompt cut from the left, response from the right, EOS appended). TRL's PPO trainer refuses this case; its online
 DPO and RLOO trainers decode and re-tokenize the same way. The EOS is appended only to responses that ended with the
-policy's EOS, so a response cut off at max_new_tokens is scored as unfinished, as with a shared tokenizer.
+policy's EOS, so a response cut off at max_new_tokens is scored as unfinished, as with a shared tokenizer. With a
+`RewardRendering` (`rlhf_lib.data.conversations`), each prompt is the conversation rendered with the RM's own chat
+template, as the reward stage trained it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from rlhf_lib.ppo.scoring import concat, sequence_scores
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlhf_lib.data.conversations import RewardRendering
 
 
 def decode_prompts(tokenizer: PreTrainedTokenizerBase, query: torch.Tensor, query_mask: torch.Tensor) -> list[str]:
@@ -39,15 +43,19 @@ def retokenized_scores(
     response: torch.Tensor,
     response_mask: torch.Tensor,
     max_length: int | None = None,
+    rendering: RewardRendering | None = None,
 ) -> torch.Tensor:
     """RM scores of policy samples through the RM's own tokenizer. Shapes: (B, P), (B, P), (B, R), (B, R) -> (B,).
 
-    `tokenizer` is the policy's; `max_length` (default: the RM's context) bounds the re-tokenized sequence.
+    `tokenizer` is the policy's; `max_length` (default: the RM's context) bounds the re-tokenized sequence;
+    `rendering` renders each prompt's conversation with the RM's template (None: the policy's text as it is).
     """
     limit = getattr(reward.config, "max_position_embeddings", None) or max_length or 2048
     max_length = min(max_length or limit, limit)
     prompts = decode_prompts(tokenizer, query, query_mask)
     texts = decode_responses(tokenizer, response, response_mask)
+    if rendering is not None:
+        prompts, texts = [rendering.prompt(p) for p in prompts], [rendering.response(t) for t in texts]
     finished = ends_with_eos(response, response_mask, tokenizer.eos_token_id).tolist()
     rows = [encode_prompt_response(reward_tokenizer, p, r, max_length, add_eos=eos)[0]
             for p, r, eos in zip(prompts, texts, finished)]
@@ -58,12 +66,12 @@ def retokenized_scores(
 
 class RewardScorer:
     """The frozen reward model as PPO reads it: the raw score of each (prompt, response) row at its last real token.
-    With `own_tokenizer` (an RM with a tokenizer of its own) it reads the decoded text through that tokenizer;
-    `tokenizer` is the policy's."""
+    With `own_tokenizer` (an RM with a tokenizer of its own) it reads the decoded text through that tokenizer,
+    each prompt rendered by `rendering` when given; `tokenizer` is the policy's."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 own_tokenizer: PreTrainedTokenizerBase | None = None):
-        self.model, self.tokenizer, self.own_tokenizer = model, tokenizer, own_tokenizer
+                 own_tokenizer: PreTrainedTokenizerBase | None = None, rendering: RewardRendering | None = None):
+        self.model, self.tokenizer, self.own_tokenizer, self.rendering = model, tokenizer, own_tokenizer, rendering
 
     def __call__(self, query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
                  response_mask: torch.Tensor) -> torch.Tensor:
@@ -71,4 +79,4 @@ class RewardScorer:
         if self.own_tokenizer is None:
             return sequence_scores(self.model, *concat(query, query_mask, response, response_mask))
         return retokenized_scores(self.model, self.own_tokenizer, self.tokenizer, query, query_mask, response,
-                                  response_mask)
+                                  response_mask, rendering=self.rendering)

@@ -82,7 +82,8 @@ class PPOTrainer:
             models.ref = None
         for frozen in filter(None, (models.ref, models.reward)):
             freeze(frozen)
-        rm = None if models.reward is None else RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer)
+        rm = None if models.reward is None else RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer,
+                                                                  models.reward_rendering)
         self.rewards = RewardSet(cfg.rewards, rm, models.tokenizer, columns, cfg.score_batch_size)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
+    from rlhf_lib.data.conversations import RewardRendering
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
@@ -84,3 +85,4 @@ class PPOModels:
     value: PreTrainedModel | None
     tokenizer: PreTrainedTokenizerBase
     reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's
+    reward_rendering: RewardRendering | None = None  # the RM's own chat template over each prompt's conversation

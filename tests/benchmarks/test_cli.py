@@ -38,3 +38,28 @@ def test_a_bad_key_is_one_line_naming_it(capsys):
     assert main(["bench", "ppo", "--set", "bench.iterationz=3"]) == 2
     err = capsys.readouterr().err
     assert "unknown config key 'bench.iterationz'" in err and "Traceback" not in err
+
+
+def test_bench_ppo_runs_the_precision_of_rlhf_run(capsys, monkeypatch):
+    """resources.mixed_precision and resources.frozen_dtype reach the trainer, as in `rlhf run ppo`."""
+    import benchmarks.ppo as bench
+
+    seen = {}
+    real = bench.PPOTrainer
+
+    def spy(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        seen["frozen"] = {p.dtype for m in (trainer.models.ref, trainer.models.reward) for p in m.parameters()}
+        seen["autocast"] = trainer.recompute_logprobs  # true only under autocast
+        return trainer
+
+    monkeypatch.setattr(bench, "PPOTrainer", spy)
+    sets = [a for s in TINY + ["resources.mixed_precision=bf16", "resources.frozen_dtype=bfloat16"]
+            for a in ("--set", s)]
+    threads = torch.get_num_threads()
+    try:
+        assert main(["bench", "ppo", *sets]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {"frozen": {torch.bfloat16}, "autocast": True}
+    assert "bf16 autocast, frozen models in bfloat16" in capsys.readouterr().out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,15 @@ from mlflow import MlflowClient
 
 from flows.cli import load_config
 from rlhf_lib.data import DataError
+from rlhf_lib.data.conversations import RewardRendering, read_conversations
 
 HH = Path(__file__).parents[1] / "fixtures" / "hh_rlhf" / "harmless-240.jsonl"
 HH_SETS = [f"data.preferences={HH}", "data.on_bad_row=skip", "name=hh"]
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+RM_TEMPLATE = ("{% for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}\n{% endfor %}"
+               "{% if add_generation_prompt %}[ASSISTANT] {% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +102,8 @@ def test_local_policy_with_chat_template_and_reward_model_with_its_own_tokenizer
     prefs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     corpus = [m["content"] for r in rows for m in r["chosen"] + r["rejected"]] + ["<|user|><|assistant|>"]
     policy_dir = _local_model(tmp_path / "policy", corpus, 300, TEMPLATE)
-    rm_dir = _local_model(tmp_path / "rm", [t.upper() + " and more words" for t in corpus], 280)
+    rm_dir = _local_model(tmp_path / "rm", [t.upper() + " and more words" for t in corpus] + ["[USER] [ASSISTANT]"],
+                          280, RM_TEMPLATE)
     sets = [f"data.preferences={prefs}", f"model.name_or_path={policy_dir}", f"reward.name_or_path={rm_dir}",
             "name=conv", "data.eval_fraction=0.2"]
     out = rlhf(config=load_config("micro", None, sets), pipeline="full")
@@ -117,3 +122,11 @@ def test_local_policy_with_chat_template_and_reward_model_with_its_own_tokenizer
     assert "rlhf.upstream.sft" not in MlflowClient().get_model_version(name, version).tags  # not from SFT
     ppo = metrics(out, "ppo").metrics
     assert math.isfinite(ppo["objective/score"]) and math.isfinite(out["eval"]["reward_mean"])
+    # The RM read every prompt through its own template: in training, in its held-out report and in PPO's scoring.
+    assert metrics(out, "reward").tags["rlhf.reward.rendering"] == "own chat template"
+    assert re.fullmatch(r"own chat template: [1-9]\d* prompts, 0 scored as the policy's text",
+                        metrics(out, "ppo").tags["rlhf.reward.rendering"])
+    table = read_conversations(data_dir / "conversations.jsonl")
+    assert table[prompt] == [turn("user", prompt.removeprefix("<|user|>").removesuffix("\n<|assistant|>"))]
+    rendering = RewardRendering(table, rm_tok, "auto", policy_tok)
+    assert rendering.prompt(prompt) == f"[USER] {table[prompt][0]['content']}\n[ASSISTANT] "
