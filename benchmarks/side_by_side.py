@@ -5,8 +5,13 @@ alternated A B A B ... in one session so both see the same machine, compared pai
     bash benchmarks/setup_trl_venv.sh                    # once: the TRL side's venv (benchmarks/.trl-venv)
     python benchmarks/side_by_side.py --pairs 3 --iterations 30 [--set ppo.critic=shared]
     python benchmarks/side_by_side.py --pairs 1 --iterations 4 --preset smollm2-hh \
-        --set ppo.stop_at_eos=false --set resources.mixed_precision=no ... \
-        --trl model_path=.rlhf/imported/smollm2 --trl rollout_batch_size=8 ...   # a real model (RESULTS.md)
+        --set ppo.stop_at_eos=false --set bench.prompt_length=128 --set ppo.max_new_tokens=48 \
+        --set ppo.batch_size=8 --set ppo.minibatches=2 --set ppo.epochs=2 --set bench.num_prompts=64 \
+        --set resources.mixed_precision=bf16 --set resources.frozen_dtype=float32 \
+        --trl model_path=.rlhf/imported/smollm2 --trl rollout_batch_size=8 --trl prompt_length=128 \
+        --trl response_length=48 --trl num_ppo_epochs=2 --trl num_mini_batches=2 \
+        --trl local_rollout_forward_batch_size=8 --trl num_prompts=64 --trl n_positions=320 \
+        --trl mixed_precision=bf16 --trl frozen_dtype=          # a real model at one precision (RESULTS.md)
 
 Each run is a fresh process; its last stdout line is a JSON summary with the same key names on both sides. The
 table gives, per pair, s/iteration (median), generated tokens/s and peak RSS of each side and their ratio

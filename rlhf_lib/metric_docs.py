@@ -157,6 +157,9 @@ SYSTEM = (
     _m("system/peak_rss_gb system/build_seconds", "the stage process's peak resident memory while the stage built "
        "(GiB, sampled; freed memory of earlier stages returned first) and the build's seconds",
        "far above `rlhf plan`'s estimate: a leak, or an estimate to fix"),
+    _m("system/start_rss_gb", "the process's resident memory as the stage started, after freed memory was returned "
+       "(GiB): what earlier stages of the same process left behind",
+       "well above a fresh process's ~0.5 GiB: earlier stages' memory is carried into this one's peak"),
 )
 
 RUNS = {"ppo": PPO + SYSTEM, "sft": SFT + SYSTEM, "reward": REWARD + SYSTEM, "data": DATA + SYSTEM,

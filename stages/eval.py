@@ -74,12 +74,17 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         reward_tokenizer = (load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
                             if reward is not None else None)
         own = None if reward is None or same_tokenizer(tokenizer, reward_tokenizer) else reward_tokenizer
-        rendering = None if own is None else reward_rendering(
-            conversations(data_dir, bool(cfg.reward.name_or_path)), False, own, cfg.data.render, tokenizer)
+        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows][:cfg.eval.max_prompts]
+        pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
+        rendering = None
+        if own is not None:  # the RM reads its own template: the conversations of the prompts it will see
+            table = conversations(data_dir, bool(cfg.reward.name_or_path))
+            wanted = set(prompts) | {p.prompt for p in pairs}
+            rendering = reward_rendering({p: m for p, m in table.items() if p in wanted}, False, own, cfg.data.render,
+                                         tokenizer)
         rm = RewardScorer(reward, tokenizer, own, rendering) if reward is not None else None
         rewards = RewardSet(cfg.ppo.rewards, rm, tokenizer, prompt_columns(data_dir, "prompts_eval"),
                             cfg.eval.batch_size)
-        prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows][:cfg.eval.max_prompts]
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
@@ -90,7 +95,6 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                               chunk=cfg.ppo.logprob_chunk, terms=terms)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
-        pairs = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows
         bounds = dict(result.intervals)
         # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data. No RM (the
         # reward came from functions and endpoints only): no accuracy.

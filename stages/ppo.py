@@ -172,6 +172,12 @@ def prompt_columns(data_dir: Path, *keys: str) -> dict[str, dict[str, Any]]:
     return {p.prompt: p.columns for key in keys for p in read_prompts(data_dir / FILE_NAMES[key]).rows if p.columns}
 
 
+def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: list[str]) -> dict[str, Any]:
+    """The messages of PPO's prompts, for an RM with a base model of its own (`stages.data.conversations`)."""
+    table = conversations(data_dir, has_rm and bool(cfg.reward.name_or_path))
+    return {p: table[p] for p in prompts if p in table}
+
+
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
@@ -195,7 +201,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
                      judge=has_judge(data_dir), eval_prompts=heldout,
                      columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"),
-                     conversations=conversations(data_dir, reward is not None and bool(cfg.reward.name_or_path)))
+                     conversations=_conversations(data_dir, cfg, reward is not None, prompts + heldout))
         _train(cfg, run, job)
     return build
 
