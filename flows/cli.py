@@ -263,7 +263,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from flows.console import clock
-    from rlhf_lib.memory import STAGES, GiB, MemoryBudgetError, check, device_budget, estimate, human
+    from rlhf_lib.memory import (
+        STAGES,
+        GiB,
+        MemoryBudgetError,
+        check,
+        device_budget,
+        estimate,
+        human,
+        one_process_note,
+    )
     from rlhf_lib.shapes import resolve_models
 
     sets = [*(args.set or []), *([f"model.name_or_path={args.shape}"] if args.shape else [])]
@@ -309,6 +318,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             out.print(f"time: FLOPs over a {times['roofline_gflops']:g} GFLOP/s roofline ({times['roofline']}, "
                       f"measured now) at the shares measured on a 2-core CPU ({eff}); token counts from "
                       f"{'the data' if times['lengths'] == 'data' else 'the configured caps (an upper bound)'}")
+        if note := one_process_note(estimates, cfg.resources):
+            out.print(note)
     for message in refusals.values():
         print(f"rlhf: out of memory: {message}", file=sys.stderr, flush=True)
     return 1 if refusals else 0

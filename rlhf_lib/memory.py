@@ -51,10 +51,12 @@ CPU_PROCESS_BASE = int(0.6 * GiB)
 LOGIT_COPIES_TRAIN, LOGIT_COPIES_INFER = 4, 3
 # On a CPU the process's resident memory also holds what glibc's allocator keeps of the activations earlier training
 # steps freed: fragments of its heaps that it cannot return, and that the next step's tensors of other sizes cannot
-# reuse (neither `malloc_trim` between steps nor a fixed mmap threshold or a single arena lowered the peak). Measured
-# on smollm2-hh's reward stage as about half of a step's activations (benchmarks/RESULTS.md) and counted so in every
-# training phase on a CPU; logits are left out (blocks that large are mmapped and returned when freed).
-CPU_HEAP_SLACK = 0.5
+# reuse; the share grows with the steps (smollm2-hh's reward stage peaked at 8.8 GiB after 8 steps, 12.2 GiB after
+# its 40; with MALLOC_MMAP_THRESHOLD_=1048576, which returns every block of 1 MiB or more when freed, 9.8 GiB and 26 %
+# more time). Counted as 0.75 of a step's activations in every training phase on a CPU, fitted on smollm2-hh's stages,
+# each in its own process with its whole budget (SFT, RM and PPO within 15 %: benchmarks/RESULTS.md); logits are left
+# out (blocks that large are mmapped and returned when freed).
+CPU_HEAP_SLACK = 0.75
 TRAINING_PHASES = ("training step", "update: policy", "update: value model", "update: ptx")
 STAGES = ("sft", "reward", "ppo", "eval")
 Kind = Literal["weights", "grads", "adam", "activations", "runtime"]
@@ -300,6 +302,19 @@ def out_of_memory(est: Estimate, error: BaseException) -> MemoryBudgetError:
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return _refusal(est, f"the {est.stage} stage ran out of device memory ({first}); its estimate was "
                          f"{human(est.total)}")
+
+
+def one_process_note(estimates: list[Estimate], resources) -> str | None:
+    """On a CPU, what a run of several stages in one process (`rlhf run full`) should plan for: glibc keeps the
+    heaps an earlier stage fragmented, so a later stage starts from them (`system/start_rss_gb`). None on a GPU or
+    for a single stage."""
+    if len(estimates) < 2 or not on_cpu(resources):
+        return None
+    top = max(estimates, key=lambda e: e.total)
+    return (f"one process (`rlhf run full` on a CPU): plan for the largest stage, {human(top.total)} ({top.stage}), "
+            "for every stage after it too: what glibc kept of an earlier stage's heap stays in the process (smollm2-hh: "
+            "PPO peaked at 12.5 GiB after the reward stage, 8.2 GiB in its own process). `rlhf run STAGE` one stage "
+            "at a time gives each stage its own figure.")
 
 
 def on_cpu(resources: ResourcesConfig) -> bool:

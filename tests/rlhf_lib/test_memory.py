@@ -256,3 +256,16 @@ def test_trained_activations_match_what_autograd_saves(family, mode):
     measured = _saved_bytes_per_token(model, mode == "autocast")
     formula = trained_activations(arch, 1, act, weights, False)
     assert abs(measured / formula - 1) <= 0.03, (measured, formula)
+
+
+def test_one_process_on_a_cpu_plans_for_the_largest_stage():
+    from rlhf_lib.memory import one_process_note
+
+    cpu = config(resources={"device": "cpu"})
+    ests = [estimate(cpu, stage) for stage in ("sft", "reward", "ppo", "eval")]
+    top = max(ests, key=lambda e: e.total)
+    note = one_process_note(ests, cpu.resources)
+    assert note is not None and f"({top.stage})" in note and "rlhf run STAGE" in note
+    assert one_process_note(ests[:1], cpu.resources) is None  # one stage: its own figure is the plan
+    gpu = config(resources={"device": "cuda"})
+    assert one_process_note([estimate(gpu, s) for s in ("sft", "reward")], gpu.resources) is None
