@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.data.collate import pad_right, token_budget_split
-from rlhf_lib.ppo.scoring import cache_kwarg
+from rlhf_lib.lm.scoring import cache_kwarg
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -14,7 +14,7 @@ from rlhf_lib.data.collate import encode_prompt_response, sft_rows, token_budget
 from rlhf_lib.data.records import SFTExample
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
-from rlhf_lib.ppo.scoring import no_cache
+from rlhf_lib.lm.scoring import no_cache
 from rlhf_lib.lora import add_lora, merge_in_place, trainable
 from rlhf_lib.training import (
     SupervisedRun,

@@ -14,6 +14,7 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 
@@ -186,3 +187,8 @@ def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
                "model": {"name_or_path": m.name_or_path, "revision": m.revision, "trust_remote_code": m.trust_remote_code}}
     result, _ = run_cached(ctx, "data", section, {}, user_fingerprint(config), _build_user(config))
     return as_state(result)
+
+
+def prompt_columns(data_dir: Path, *keys: str) -> dict[str, dict[str, Any]]:
+    """The extra fields of the prompts of the files `keys` (e.g. the arithmetic task's `answer`), by prompt text."""
+    return {p.prompt: p.columns for key in keys for p in read_prompts(data_dir / FILE_NAMES[key]).rows if p.columns}

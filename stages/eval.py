@@ -21,14 +21,22 @@ from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
-from rlhf_lib.ppo.retokenize import RewardScorer
+from rlhf_lib.rewards.retokenize import RewardScorer
 from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.rewards.combine import RewardSet
+from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
 from stages.base import RunContext, as_state, key_lock, log_dataset, on_node, run_cached
 from stages.cache import StageResult
-from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge, source_info
-from stages.ppo import prompt_columns, reward_code
+from stages.data import (
+    conversations,
+    conversations_digest,
+    dataset_name,
+    file_digest,
+    has_judge,
+    prompt_columns,
+    source_info,
+)
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
 
@@ -153,7 +161,8 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                                                            "dtype": config.model.dtype},
                "reward": {"max_length": config.reward.max_length},
                "resources": {"mixed_precision": config.resources.mixed_precision},
-               "rewards": [s.model_dump() for s in config.ppo.rewards], "reward_code": reward_code(config)}
+               "rewards": [s.model_dump() for s in config.ppo.rewards],
+               "reward_code": reward_code(config.ppo.rewards)}
     build = _build(config, data_dir, data, upstream)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())

@@ -31,7 +31,7 @@ from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
 from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
-from rlhf_lib.rewards.functions import function_digest
+from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
 from stages.base import (
     FollowerRun,
@@ -45,7 +45,14 @@ from stages.base import (
     run_cached,
 )
 from stages.cache import StageResult
-from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
+from stages.data import (
+    conversations,
+    conversations_digest,
+    dataset_name,
+    file_digest,
+    has_judge,
+    prompt_columns,
+)
 from stages.launch import default_config, run_job
 from stages.rendezvous import FollowerDone
 from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
@@ -160,18 +167,6 @@ class PPORunSink(RunSink):
             self._log_checkpoint(wait=True)
 
 
-def reward_code(cfg: PipelineConfig) -> dict[str, str]:
-    """The source digest of each reward function of `ppo.rewards`, by source name: part of the PPO and eval cache
-    keys, so an edited function reruns them (an endpoint is identified by its URL and `version`, in the config).
-    A function that cannot be imported fails here, naming its source, before anything runs."""
-    return {s.name: function_digest(s.function, s.describe()) for s in cfg.ppo.rewards if s.kind == "function"}
-
-
-def prompt_columns(data_dir: Path, *keys: str) -> dict[str, dict[str, Any]]:
-    """The extra fields of the prompts of the files `keys` (e.g. the arithmetic task's `answer`), by prompt text."""
-    return {p.prompt: p.columns for key in keys for p in read_prompts(data_dir / FILE_NAMES[key]).rows if p.columns}
-
-
 def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: list[str]) -> dict[str, Any]:
     """The messages of PPO's prompts, for an RM with a base model of its own (`stages.data.conversations`)."""
     table = conversations(data_dir, has_rm and bool(cfg.reward.name_or_path))
@@ -264,7 +259,7 @@ def ppo_stage(
                              "frozen_dtype": config.resources.frozen_dtype}}
     if config.ppo.ptx_coef > 0:  # the demonstrations' length
         section["sft"] = {"max_length": config.sft.max_length}
-    if code := reward_code(config):
+    if code := reward_code(config.ppo.rewards):
         section["reward_code"] = code
     # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
     fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")

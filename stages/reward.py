@@ -26,7 +26,7 @@ from rlhf_lib.models import (
     load_tokenizer,
     same_tokenizer,
 )
-from rlhf_lib.reward import pair_scores
+from rlhf_lib.reward import launched, pair_scores, train_reward_model
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
@@ -35,9 +35,11 @@ from stages.cache import StageResult
 from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.rm_report import render_rm_report
-from stages.supervised import numerics_section, train_supervised
+from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
 
+
+REWARD_LOOP = Loop(train_reward_model, launched, lambda path, tok: build_scalar_model(path))
 
 def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None):
     """The untrained reward model and its tokenizer: from `reward.name_or_path` (its own tokenizer), from the SFT
@@ -85,7 +87,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                                 [r for e in examples for r in e.responses], rcfg.max_length)
         run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
                         step=0)
-        model, final = train_supervised("reward", cfg.resources, model, tokenizer, examples, rcfg,
+        model, final = train_supervised("reward", REWARD_LOOP, cfg.resources, model, tokenizer, examples, rcfg,
                                         RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs,
                                                                rcfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))

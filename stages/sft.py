@@ -21,14 +21,18 @@ from rlhf_lib.models import (
     load_tokenizer,
     train_tokenizer,
 )
+from rlhf_lib.sft import launched, train_sft
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
 from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
 from stages.models_io import base_model_tags, local_model, model_source_digest
-from stages.supervised import numerics_section, train_supervised
+from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
+
+# The trained policy loads back as a causal LM with the stage's tokenizer.
+SFT_LOOP = Loop(train_sft, launched, lambda path, tok: build_policy(tok, str(path)))
 
 
 def tokenizer_corpus(data_dir: Path):
@@ -63,7 +67,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         cut = truncation_counts(tokenizer, [e.prompt for e in examples], [e.response for e in examples],
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
-        model, final = train_supervised("sft", cfg.resources, model, tokenizer, examples, sft_cfg,
+        model, final = train_supervised("sft", SFT_LOOP, cfg.resources, model, tokenizer, examples, sft_cfg,
                                         RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs,
                                                                sft_cfg.max_steps)),
                                         cfg.torch_threads, launch_id_of(run))

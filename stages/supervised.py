@@ -7,14 +7,13 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rlhf_lib import reward, sft
 from rlhf_lib.config import ResourcesConfig
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink, metrics_log
 from rlhf_lib.model_dirs import save_model
-from rlhf_lib.models import build_policy, build_scalar_model
 from stages.launch import run_job
 from stages.rendezvous import FollowerDone
 
@@ -22,9 +21,16 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-# Per stage: its training loop, the entry point of a launched process, and how its trained model loads back.
-LOOPS = {"sft": (sft.train_sft, sft.launched, lambda path, tok: build_policy(tok, str(path))),
-         "reward": (reward.train_reward_model, reward.launched, lambda path, tok: build_scalar_model(path))}
+
+
+class Loop(NamedTuple):
+    """A supervised stage's training loop, the entry point of a launched process, and how its trained model loads
+    back. Each stage passes its own (`stages.sft`, `stages.reward`), so that this module imports neither loop and
+    an edit to the reward model's code leaves SFT's cache key alone."""
+
+    train: Callable[..., tuple[dict[str, float], Any]]
+    entry: Callable[..., Any]
+    load: Callable[[Path, Any], Any]
 
 
 def numerics_section(resources: ResourcesConfig) -> dict[str, Any]:
@@ -33,17 +39,17 @@ def numerics_section(resources: ResourcesConfig) -> dict[str, Any]:
     return {} if resources.mixed_precision == "no" else {"resources": {"mixed_precision": resources.mixed_precision}}
 
 
-def train_supervised(kind: str, resources: ResourcesConfig, model: PreTrainedModel,
+def train_supervised(kind: str, loop: Loop, resources: ResourcesConfig, model: PreTrainedModel,
                      tokenizer: PreTrainedTokenizerBase, examples: list, train_cfg: BaseModel, sink: Sink,
                      torch_threads: int = 1, launch_id: str = "") -> tuple[PreTrainedModel, dict[str, float]]:
-    """Train `model` with the `kind` ("sft" or "reward") loop, its metrics to `sink`; returns the trained model and
+    """Train `model` with the `kind` ("sft" or "reward") stage's `loop`, its metrics to `sink`; returns the trained model and
     the final metrics. With several processes or machines the starting model is saved to a temporary directory,
     trained there by the launched processes, and loaded back.
 
     On several machines every node calls this with the same `launch_id` (`stages.rendezvous`); node 0 returns the
     model, a node with `resources.machine_rank` > 0 raises `FollowerDone` once its processes are through: the
     trained weights are on node 0 only."""
-    train, entry, load = LOOPS[kind]
+    train, entry, load = loop
     if resources.num_processes == 1 and resources.num_machines == 1:
         group = ProcessGroup(resources.mixed_precision, resources.device)
         final, _ = train(model, tokenizer, examples, train_cfg, metrics_log(sink), group,

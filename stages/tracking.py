@@ -271,13 +271,6 @@ def register(run: StageRun, artifact_path: str, tags: dict[str, str]) -> str:
     return f"models:/{name}/{mv.version}"
 
 
-def download(uri: str, digest: str | None = None) -> Path:
-    """Local path of an artifact or `models:/` URI, through the local artifact cache: `stages.artifact_cache.download`
-    (imported here because that module imports this one). Callers only read it."""
-    from stages.artifact_cache import download as cached_download
-
-    return cached_download(uri, digest)
-
 
 def model_version(uri: str):
     """The registry entry behind `models:/name/version` or `models:/name@alias`, or a clear error naming it."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf_lib.ppo.kl import KLEstimator, kl_per_token
+from rlhf_lib.lm.kl import KLEstimator, kl_per_token
 
 
 def _lengths(mask: Tensor) -> Tensor:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor, nn
 
-from rlhf_lib.ppo.losses import entropy_from_logits
-from rlhf_lib.ppo.scoring import (
+from rlhf_lib.lm.entropy import entropy_from_logits
+from rlhf_lib.lm.scoring import (
     Entropy,
     chunked_logprobs,
     concat,

@@ -27,7 +27,7 @@ from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from rlhf_lib.ppo.heldout import consider, heldout_stats
 from rlhf_lib.ppo.metrics import sample_rows
-from rlhf_lib.ppo.rollout import decode_responses
+from rlhf_lib.lm.generation import decode_responses
 from rlhf_lib.ppo.trainer import PPOTrainer
 from rlhf_lib.ppo.types import PPOModels, Rollout
 

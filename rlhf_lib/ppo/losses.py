@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf_lib.ppo.masked import masked_mean
+from rlhf_lib.lm.masked import masked_mean
 
 
 def policy_loss(
@@ -67,15 +67,3 @@ def value_loss(
             "value_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).item(),
         }
     return loss, stats
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) over the last dim. Shape: (..., V) -> (...).
-
-    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v,  p = softmax(z).
-    logsumexp and softmax subtract the max internally, so large logits do not overflow. One (..., V) copy (p) is
-    made; the contraction p . z goes through einsum (a batched matmul), not a second (..., V) product.
-    Logits must be finite: a -inf logit gives 0 * -inf = NaN.
-    """
-    p = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - torch.einsum("...v,...v->...", p, logits)

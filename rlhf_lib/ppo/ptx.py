@@ -10,7 +10,7 @@ import torch
 
 from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.distributed import ProcessGroup
-from rlhf_lib.ppo.scoring import no_cache
+from rlhf_lib.lm.scoring import no_cache
 from rlhf_lib.ppo.sharding import local_rows
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them

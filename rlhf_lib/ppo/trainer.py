@@ -22,14 +22,15 @@ from rlhf_lib.models import fit_length, freeze, set_checkpointing
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.critic import Critic, disable_dropout
 from rlhf_lib.ppo.heldout import BestPolicy
-from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_stats
+from rlhf_lib.lm.kl import kl_stats
+from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController
 from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
-from rlhf_lib.ppo.masked import masked_whiten
+from rlhf_lib.lm.masked import masked_whiten
 from rlhf_lib.ppo.metrics import advantage_stats, response_stats, update_stats
-from rlhf_lib.ppo.retokenize import RewardScorer
-from rlhf_lib.ppo.rollout import encode_prompts, ends_with_eos, sample
+from rlhf_lib.rewards.retokenize import RewardScorer
+from rlhf_lib.lm.generation import encode_prompts, ends_with_eos, sample
 from rlhf_lib.ppo.sampler import PromptSampler
-from rlhf_lib.ppo.scoring import response_logprobs
+from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts, shape_scores, truncate_after_eos
 from rlhf_lib.ppo.sharding import check_sizes, gather_rollout, local_rows, prepare_models, row_shard
 from rlhf_lib.ppo.types import PPOModels, Rollout

@@ -6,7 +6,7 @@ the new weights into that copy in place (`LLM.apply_model` -> the vLLM model's `
 Face parameter names). vLLM samples with its own kernels, usually in bf16, so its log-probs differ from the
 training forward's (the known engine mismatch: Yao et al. 2025, "Your efficient RL framework secretly brings you
 off-policy RL training"). The rollout's log-probs are therefore recomputed by the policy itself
-(`rlhf_lib.ppo.scoring.response_logprobs`), which makes the PPO ratio start at exactly 1; vLLM only chooses the
+(`rlhf_lib.lm.scoring.response_logprobs`), which makes the PPO ratio start at exactly 1; vLLM only chooses the
 tokens. The config (`rlhf_lib.config.ppo.require_engine`) refuses the setting where vLLM is missing, before any
 work.
 """
@@ -84,7 +84,7 @@ class VLLMRollout:
         Shapes: query, query_mask (B, P) -> response (B, R), response_mask (B, R) and, with `with_logprobs`,
         vLLM's own log-prob of each sampled token (B, R) (for measuring the engine mismatch; PPO must not use
         them). R is the longest response; after a row's EOS its tokens are PAD and its mask 0, and the EOS itself
-        is a real token, as in `rlhf_lib.ppo.rollout.sample`.
+        is a real token, as in `rlhf_lib.lm.generation.sample`.
         """
         import torch
         from vllm import SamplingParams

@@ -18,13 +18,13 @@ import torch
 
 from rlhf_lib.config.rewards import RewardSource
 from rlhf_lib.intervals import standard_error
-from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
+from rlhf_lib.lm.generation import decode_responses, ends_with_eos
 from rlhf_lib.rewards.base import RewardError, TextBatch, TextReward, check_scores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from rlhf_lib.ppo.retokenize import RewardScorer
+    from rlhf_lib.rewards.retokenize import RewardScorer
 
 
 @dataclass

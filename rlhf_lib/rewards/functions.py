@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
@@ -37,6 +37,13 @@ def function_digest(spec: str, source: str) -> str:
     except (OSError, TypeError):
         text = f"{fn.__module__}.{fn.__qualname__}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def reward_code(sources: Iterable[Any]) -> dict[str, str]:
+    """The source digest of each reward function among `sources` (`ppo.rewards`), by source name: part of the PPO
+    and eval cache keys, so an edited function reruns them (an endpoint is identified by its URL and `version`, in
+    the config). A function that cannot be imported fails here, naming its source, before anything runs."""
+    return {s.name: function_digest(s.function, s.describe()) for s in sources if s.kind == "function"}
 
 
 class FunctionReward:

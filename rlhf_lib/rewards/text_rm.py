@@ -2,7 +2,7 @@
 
 Each row is encoded exactly as the RM saw its training rows (`collate.encode_prompt_response`: prompt and completion
 tokenized apart, prompt cut from the left, completion from the right) with the RM's EOS appended only to a finished
-completion, as PPO's in-process scoring does (`rlhf_lib.ppo.retokenize`). So a served RM gives the scores PPO's
+completion, as PPO's in-process scoring does (`rlhf_lib.rewards.retokenize`). So a served RM gives the scores PPO's
 in-process RM gives on the same rows, up to float rounding, whenever re-encoding the decoded completion gives back
 the sampled ids (always for ids the tokenizer itself produced; a policy can sample a non-canonical split of a word,
 which the text alone cannot show).
@@ -16,7 +16,7 @@ import torch
 
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.devices import module_device
-from rlhf_lib.ppo.scoring import sequence_scores
+from rlhf_lib.lm.scoring import sequence_scores
 from rlhf_lib.rewards.base import RewardError, TextBatch, check_scores
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them

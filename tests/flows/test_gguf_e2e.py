@@ -31,7 +31,7 @@ def gguf_run(home, tmp_path_factory):
 
 def test_a_gguf_policy_runs_every_stage_through_its_chat_template(gguf_run):
     from rlhf_lib.models import load_tokenizer
-    from stages.tracking import download
+    from stages.artifact_cache import download
 
     path, out = gguf_run
     assert {k: v["status"] for k, v in out["stages"].items()} == dict.fromkeys(

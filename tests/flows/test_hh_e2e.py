@@ -38,7 +38,7 @@ def metrics(summary, stage):
 
 def test_hh_pairs_run_sft_rm_ppo_eval_without_a_judge(hh_run):
     from stages.models_io import load_policy
-    from stages.tracking import download
+    from stages.artifact_cache import download
 
     assert {k: v["status"] for k, v in hh_run["stages"].items()} == {s: "ran" for s in STAGES}
     ev = hh_run["eval"]
@@ -90,7 +90,7 @@ def _local_model(path: Path, corpus: list[str], vocab: int, template: str | None
 def test_local_policy_with_chat_template_and_reward_model_with_its_own_tokenizer(hh_run, tmp_path):
     from flows.pipeline import rlhf
     from rlhf_lib.models import load_tokenizer, same_tokenizer
-    from stages.tracking import download
+    from stages.artifact_cache import download
 
     def turn(role, content):
         return {"role": role, "content": content}

@@ -167,7 +167,7 @@ def test_changed_ppo_setting_reruns_ppo_and_eval_only(first):
 
 def test_deleted_artifact_is_a_miss_not_a_stale_hit(first):
     from flows.pipeline import rlhf
-    from stages.tracking import download
+    from stages.artifact_cache import download
 
     reward_dir = download(first["stages"]["reward"]["artifact_uri"] if "artifact_uri" in first["stages"]["reward"]
                           else first["stages"]["reward"]["model_uri"])
@@ -265,7 +265,7 @@ def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, h
     from rlhf_lib.models import load_tokenizer
     from rlhf_lib.rewards.base import TextBatch
     from rlhf_lib.rewards.text_rm import TextRewardModel
-    from stages.tracking import download
+    from stages.artifact_cache import download
     from tests.flows.test_serve_reward import free_port, wait_healthy
 
     rm_uri, port, token = _intact_reward_model(), free_port(), "e2e-secret-token"

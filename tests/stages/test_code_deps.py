@@ -26,10 +26,10 @@ def test_every_project_module_the_stage_loads_is_in_its_key(stage):
 
 
 def test_imports_inside_functions_count():
-    # ptx.ptx_loss imports rlhf_lib.sft inside the function; rlhf_lib.sft imports rlhf_lib.ppo.scoring.
+    # ptx.ptx_loss imports rlhf_lib.sft inside the function; rlhf_lib.sft imports rlhf_lib.lm.scoring.
     assert "rlhf_lib.sft" in dependencies("stages.ppo")
-    assert "rlhf_lib.ppo.scoring" in dependencies("stages.sft")
-    assert {"rlhf_lib.ppo.scoring", "rlhf_lib.ppo.trainer"} & dependencies("stages.data") == set()
+    assert "rlhf_lib.lm.scoring" in dependencies("stages.sft")
+    assert {"rlhf_lib.lm.scoring", "rlhf_lib.ppo.trainer"} & dependencies("stages.data") == set()
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -68,6 +68,6 @@ def test_a_changed_source_file_changes_the_stage_key(tmp_path, monkeypatch):
     monkeypatch.setattr(cache, "ROOT", tmp_path)
     monkeypatch.setattr(cache, "source_files", lambda module: files)
     before = cache.code_version.__wrapped__("sft")
-    scoring = tmp_path / "rlhf_lib" / "ppo" / "scoring.py"
+    scoring = tmp_path / "rlhf_lib" / "lm" / "scoring.py"
     scoring.write_bytes(scoring.read_bytes() + b"# a comment\n")
     assert cache.code_version.__wrapped__("sft") != before

@@ -12,7 +12,11 @@ from rlhf_lib.data.records import RankedExample, SFTExample
 from rlhf_lib.events import Metrics, Recorder
 from rlhf_lib.models import build_scalar_model
 from stages.launch import LaunchError, resolve_config, root_cause
+from stages.reward import REWARD_LOOP
+from stages.sft import SFT_LOOP
 from stages.supervised import numerics_section, train_supervised
+
+LOOPS = {"sft": SFT_LOOP, "reward": REWARD_LOOP}
 
 TWO = ResourcesConfig(num_processes=2, accelerate_config="cpu_gloo.yaml")
 
@@ -38,8 +42,9 @@ def test_two_gloo_processes_match_one(kind, micro_batch_tokens, tiny_tokenizer, 
     examples, cfg = _sft_data() if kind == "sft" else _rm_data()
     cfg = cfg.model_copy(update={"micro_batch_tokens": micro_batch_tokens})
     rec1, rec2 = Recorder(), Recorder()
-    m1, f1 = train_supervised(kind, ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec1)
-    m2, f2 = train_supervised(kind, TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec2)
+    m1, f1 = train_supervised(kind, LOOPS[kind], ResourcesConfig(), copy.deepcopy(model), tiny_tokenizer, examples, cfg,
+                              rec1)
+    m2, f2 = train_supervised(kind, LOOPS[kind], TWO, copy.deepcopy(model), tiny_tokenizer, examples, cfg, rec2)
     one = [(e.step, e.values) for e in rec1.of(Metrics)]
     two = [(e.step, e.values) for e in rec2.of(Metrics)]
     assert [s for s, _ in one] == [s for s, _ in two] == list(range(int(f1[f"{kind}/steps"])))
@@ -64,7 +69,7 @@ def test_a_failing_worker_raises_with_its_stderr(tiny_tokenizer, tiny_policy):
     bad = [RankedExample("\n\nHuman: hi\n\nAssistant:", (" Sure.",))] * 2
     rm = build_scalar_model(tiny_policy, seed=0)
     with pytest.raises(LaunchError, match=r"exited with \d+: \[rank\d\]: RuntimeError: max\(\)"):
-        train_supervised("reward", TWO, rm, tiny_tokenizer, bad, RewardConfig(batch_size=2), Recorder())
+        train_supervised("reward", REWARD_LOOP, TWO, rm, tiny_tokenizer, bad, RewardConfig(batch_size=2), Recorder())
 
 
 def test_root_cause_is_the_first_worker_exception():

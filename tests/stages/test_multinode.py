@@ -27,6 +27,7 @@ from rlhf_lib.model_dirs import load_causal_lm
 from rlhf_lib.ppo.loop import launched
 from stages.launch import LaunchError, placement, resolve_config, run_job
 from stages.rendezvous import FollowerDone
+from stages.sft import SFT_LOOP
 from stages.supervised import train_supervised
 from tests.stages.test_launch import TWO, _sft_data
 from tests.stages.test_ppo_loop import _assert_same_metrics, _config, _job, _models
@@ -98,13 +99,13 @@ def test_two_nodes_train_sft_as_two_processes_do(tiny_tokenizer, tiny_policy):
     examples, cfg = _sft_data()
     cfg = cfg.model_copy(update={"epochs": 1})  # 3 steps, the last one's batch short: enough, and half the time
     rec2, rec0, rec1 = Recorder(), Recorder(), Recorder()
-    m2, f2 = train_supervised("sft", TWO, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec2)
+    m2, f2 = train_supervised("sft", SFT_LOOP, TWO, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec2)
     node0, node1 = _nodes(_ports())
     t0 = time.perf_counter()
     got = _in_threads(
-        lambda: train_supervised("sft", node0, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec0,
+        lambda: train_supervised("sft", SFT_LOOP, node0, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec0,
                                  launch_id="sft-test"),
-        lambda: train_supervised("sft", node1, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec1,
+        lambda: train_supervised("sft", SFT_LOOP, node1, copy.deepcopy(tiny_policy), tiny_tokenizer, examples, cfg, rec1,
                                  launch_id="sft-test"))
     print(f"two-node SFT: {time.perf_counter() - t0:.1f} s")
     assert isinstance(got[1], FollowerDone), got[1]  # the follower trained, node 0 has the model
@@ -161,7 +162,7 @@ def test_a_node_alone_fails_within_the_timeout_naming_the_other(rank, message, t
     node = _nodes(port, timeout=5)[rank]
     t0 = time.perf_counter()
     with pytest.raises(LaunchError, match=message.format(port=port)):
-        train_supervised("sft", node, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(), launch_id="x")
+        train_supervised("sft", SFT_LOOP, node, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(), launch_id="x")
     waited = time.perf_counter() - t0
     print(f"machine_rank {rank} alone failed after {waited:.1f} s (timeout 5 s)")
     assert 5 <= waited < 10
@@ -174,8 +175,10 @@ def test_nodes_meet_only_for_the_same_launch(tiny_tokenizer, tiny_policy):
     port = _ports()
     node0, node1 = _nodes(port, timeout=5)
     got = _in_threads(
-        lambda: train_supervised("sft", node0, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(), launch_id="a"),
-        lambda: train_supervised("sft", node1, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(), launch_id="b"))
+        lambda: train_supervised("sft", SFT_LOOP, node0, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(),
+                                 launch_id="a"),
+        lambda: train_supervised("sft", SFT_LOOP, node1, tiny_policy, tiny_tokenizer, examples, cfg, Recorder(),
+                                 launch_id="b"))
     assert isinstance(got[0], LaunchError) and "machine_rank 1 of 2 did not arrive" in str(got[0])
     assert isinstance(got[1], LaunchError) and "node 0 did not open b" in str(got[1])
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController, kl_per_token, kl_stats
+from rlhf_lib.lm.kl import kl_per_token, kl_stats
+from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController
 
 LN2 = math.log(2.0)  # 0.693147
 

@@ -35,7 +35,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_policy(tiny_tokenizer
     ro, stats = trainer.step()
     assert abs(stats["objective/kl"]) > 1e-6  # the adapters moved the policy away from the reference
     # The reference log-probs are exactly those of the untouched base model.
-    from rlhf_lib.ppo.scoring import response_logprobs
+    from rlhf_lib.lm.scoring import response_logprobs
 
     with torch.no_grad():
         expected, _ = response_logprobs(base, ro.query, ro.query_mask, ro.response, ro.response_mask, CFG.temperature)

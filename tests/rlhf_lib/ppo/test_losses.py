@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lib.ppo.losses import entropy_from_logits, policy_loss, value_loss
+from rlhf_lib.lm.entropy import entropy_from_logits
+from rlhf_lib.ppo.losses import policy_loss, value_loss
 
 
 def _policy_case(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:

@@ -8,7 +8,7 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.distributed import ProcessGroup
-from rlhf_lib.ppo.rollout import encode_prompts, sample
+from rlhf_lib.lm.generation import encode_prompts, sample
 from rlhf_lib.ppo.sharding import RowShard, check_sizes
 
 

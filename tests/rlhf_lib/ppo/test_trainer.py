@@ -173,7 +173,7 @@ class _StandInEngine:
     a stand-in for vLLM, which needs a GPU. Its log-probs are deliberately wrong, as an engine's can be."""
 
     def __init__(self, policy, tokenizer):
-        from rlhf_lib.ppo.rollout import sample
+        from rlhf_lib.lm.generation import sample
 
         self.copy, self.tok, self.sample, self.synced = copy.deepcopy(policy), tokenizer, sample, 0
 
@@ -190,7 +190,7 @@ class _StandInEngine:
 
 def test_an_engine_samples_the_policy_recomputes_the_logprobs_and_weights_follow_each_update(tiny_tokenizer,
                                                                                               tiny_policy):
-    from rlhf_lib.ppo.scoring import response_logprobs
+    from rlhf_lib.lm.scoring import response_logprobs
 
     trainer = _make(tiny_tokenizer, tiny_policy)
     trainer.engine = engine = _StandInEngine(tiny_policy, tiny_tokenizer)

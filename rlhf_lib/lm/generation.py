@@ -9,16 +9,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from rlhf_lib.ppo.scoring import cache_kwarg, keep_last, position_ids
+from rlhf_lib.lm.scoring import cache_kwarg, keep_last, position_ids
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from rlhf_lib.ppo.sharding import RowShard
+
+class RowShard(Protocol):
+    """This process's rows of a batch sampled across processes (`rlhf_lib.ppo.sharding.RowShard` is the one PPO
+    passes): the uniforms of its rows, drawn as the whole batch would draw them, and whether every row of every
+    process has stopped."""
+
+    def uniforms(self, steps: int, n: int, generator: torch.Generator | None) -> torch.Tensor: ...
+
+    def all_done(self, done: torch.Tensor) -> bool: ...
 
 
 def encode_prompts(

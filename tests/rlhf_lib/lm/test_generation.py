@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_lib.ppo.rollout import _draw, decode_responses, encode_prompts, ends_with_eos, preallocated_cache, sample
-from rlhf_lib.ppo.scoring import concat, position_ids, response_logprobs
+from rlhf_lib.lm.generation import _draw, decode_responses, encode_prompts, ends_with_eos, preallocated_cache, sample
+from rlhf_lib.lm.scoring import concat, position_ids, response_logprobs
 
 PROMPTS = ["\n\nHuman: tell me about topic 3\n\nAssistant:", "\n\nHuman: hi\n\nAssistant:"]
 

@@ -9,9 +9,9 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.models import build_policy, build_scalar_model, same_tokenizer, train_tokenizer
-from rlhf_lib.ppo.retokenize import decode_prompts, retokenized_scores
-from rlhf_lib.ppo.rollout import decode_responses, encode_prompts
-from rlhf_lib.ppo.scoring import sequence_scores
+from rlhf_lib.rewards.retokenize import decode_prompts, retokenized_scores
+from rlhf_lib.lm.generation import decode_responses, encode_prompts
+from rlhf_lib.lm.scoring import sequence_scores
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.reward import score_texts
 

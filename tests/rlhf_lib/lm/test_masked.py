@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhf_lib.ppo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlhf_lib.lm.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 NAN = math.nan
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from rlhf_lib.ppo.losses import entropy_from_logits
+from rlhf_lib.lm.entropy import entropy_from_logits
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel

@@ -17,8 +17,8 @@ import torch
 
 from rlhf_lib.data.collate import encode_prompt_response, pad_right
 from rlhf_lib.devices import module_device
-from rlhf_lib.ppo.rollout import decode_responses, ends_with_eos
-from rlhf_lib.ppo.scoring import concat, sequence_scores
+from rlhf_lib.lm.generation import decode_responses, ends_with_eos
+from rlhf_lib.lm.scoring import concat, sequence_scores
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.scoring import last_token_index, no_cache, position_ids, sequence_scores, token_values
+from rlhf_lib.lm.scoring import last_token_index, no_cache, position_ids, sequence_scores, token_values
 
 
 def test_position_ids_skip_left_padding():
