@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export TOKENIZERS_PARALLELISM := false
 # The tests and the demo never need the hub: offline, a stray hub call fails at once instead of waiting on a network.
 # Not for `up`: its services serve hub runs. `make demo` starts those same services, which outlive it, so the marker
-# names the switch that is ours and the services drop it (flows/services.py, `inherited_offline`; the demo's own
+# names the switch that is ours and the services drop it (services/servers.py, `inherited_offline`; the demo's own
 # flow, run by them, makes no hub call). A switch the user set is theirs: then make sets neither.
 ifndef HF_HUB_OFFLINE
 test test-all demo: export HF_HUB_OFFLINE := 1

@@ -16,7 +16,7 @@ def bench_cached(preset: str, config_file: str | None = None, sets: list[str] = 
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "RLHF_HOME": home}
         env.pop("PREFECT_API_URL", None)
-        cmd = [sys.executable, "-m", "flows.cli", "run", "full", "--preset", preset, "--json"]
+        cmd = [sys.executable, "-m", "cli.main", "run", "full", "--preset", preset, "--json"]
         cmd += (["--config", config_file] if config_file else []) + [a for s in sets for a in ("--set", s)]
         subprocess.run(cmd, env=env, check=True, capture_output=True)
         walls = []

@@ -93,7 +93,7 @@ def start_run(tmp: Path, tag: str, device: str, sets: list[str]) -> subprocess.P
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
-    argv = [sys.executable, "-m", "flows.cli", "run", "full", "--preset", "micro", "--json"]
+    argv = [sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro", "--json"]
     argv += [a for s in [f"resources.device={device}", *sets] for a in ("--set", s)]
     with open(home / "stderr.txt", "w") as log:  # the child keeps its own handle
         return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -174,7 +174,7 @@ def memory(c: BenchPipelineConfig, summary: dict, tmp: Path) -> dict:
     import yaml
 
     measured = summary.get("peak_gpu_mem_mib")
-    if subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--help"], cwd=ROOT, capture_output=True,
+    if subprocess.run([sys.executable, "-m", "cli.main", "plan", "--help"], cwd=ROOT, capture_output=True,
                       check=False).returncode:
         print(f"(d) memory estimate: rlhf plan not available; measured peak {measured} MiB", flush=True)
         return {"status": "skipped", "reason": "rlhf plan not available", "measured_mib": measured}
@@ -184,7 +184,7 @@ def memory(c: BenchPipelineConfig, summary: dict, tmp: Path) -> dict:
     tree["resources"].update(device=c.bench.device, mixed_precision="no")
     path = tmp / "plan.yaml"
     path.write_text(yaml.safe_dump(tree))
-    got = subprocess.run([sys.executable, "-m", "flows.cli", *PLAN_ARGV, str(path)], cwd=ROOT, capture_output=True,
+    got = subprocess.run([sys.executable, "-m", "cli.main", *PLAN_ARGV, str(path)], cwd=ROOT, capture_output=True,
                          text=True, check=False)
     if got.returncode:
         print(f"(d) memory estimate: rlhf plan failed: {got.stderr[-500:]}", flush=True)

@@ -59,7 +59,7 @@ def commands(args) -> dict[str, tuple[list[str], dict[str, str]]]:
         key, _, value = item.partition("=")
         trl += [f"--{key.replace('_', '-')}", value]
     ours_env = {**os.environ, "PYTHONPATH": str(args.ours_root), "HF_HUB_OFFLINE": "1"}
-    ours = [args.ours_python, "-m", "flows.cli", "bench", "ppo", "--json", "--set", f"bench.iterations={args.iterations}"]
+    ours = [args.ours_python, "-m", "cli.main", "bench", "ppo", "--json", "--set", f"bench.iterations={args.iterations}"]
     if args.preset:
         ours += ["--preset", args.preset]
     for s in args.set or []:

@@ -1,1 +1,1 @@
-"""Prefect flows, deployments, the CLI and the local services: wiring only, the work is in `stages/`."""
+"""Prefect flows and deployments: wiring only, the work is in `stages/`. The CLI is `cli/`, the servers `services/`."""

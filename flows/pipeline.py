@@ -18,7 +18,7 @@ from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.intervals import split_intervals, with_interval
 from rlhf_lib.process import configure_process
 from stages.artifact_cache import clean_staging
-from stages.base import RunContext
+from stages.context import RunContext
 from stages.owner import owner_tags
 from stages.reaper import reap
 from stages.cache import StageResult, given_model

@@ -17,7 +17,7 @@ AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 class DeviceUnavailable(ConfigError):
     """The configured device does not exist on this machine; the message names the key and what is there. A config
-    error: the commands check it before any stage runs (`flows.cli.cmd_run`, the pipeline flow)."""
+    error: the commands check it before any stage runs (`cli.main.cmd_run`, the pipeline flow)."""
 
 
 def resolve_device(name: str) -> torch.device:

@@ -6,10 +6,8 @@ that `lookup` requires. A stage that raises ends FAILED, without the tag, and is
 the stage's output dir moves into the local artifact cache (`stages.artifact_cache.adopt`), so the stages downstream
 read it without downloading what was just uploaded.
 
-Across machines (`resources.num_machines` > 1) node 0 does all of the above. Another node ("follower", `follow`)
-looks up the cache the same way; on a miss it runs a training stage's build with a `FollowerRun` that logs nothing,
-up to the launch it shares with node 0 (`stages.rendezvous`), then takes node 0's finished run from the store. It
-creates no run and registers nothing, so it can leave nothing half-written.
+Across machines (`resources.num_machines` > 1) node 0 does all of the above; another node follows it
+(`stages.follower`).
 """
 
 from __future__ import annotations
@@ -29,24 +27,21 @@ from mlflow.entities import DatasetInput, InputTag
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
-from pydantic import BaseModel
 
-from rlhf_lib.config import ResourcesConfig
 from rlhf_lib.events import Event, Metrics, Notice, Table, Tags
 from stages import artifact_cache, progress
 from stages.cache import StageResult, cache_key, lookup
+from stages.context import RunContext
+from stages.follower import FollowerRun, follow
 from stages.home import file_lock
 from stages.manifest import write_manifest
 from stages.peak_rss import PeakRSS, release_freed_memory
-from stages.rendezvous import FollowerDone
 from stages.tracking import (
     MODEL_NAMES,
     RetryingClient,
     StageRun,
-    newest_runs,
     register,
     store_call,
-    tracking_uri,
 )
 
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
@@ -74,61 +69,6 @@ class RunSink:
                 get_run_logger().warning(message)
             case _:
                 raise TypeError(f"{type(self).__name__} cannot take a {type(event).__name__} event")
-
-
-class RunContext(BaseModel):
-    """Identities shared by the stages of one pipeline run (small and JSON-able: a sub-flow parameter), and this
-    node's place in a multi-node run (each stage sets it from its `resources`: `on_node`)."""
-
-    experiment_id: str
-    parent_run_id: str  # "" on a node that keeps no pipeline run of its own (machine_rank > 0)
-    force: list[str] = []
-    machine_rank: int = 0
-    rdzv_timeout_s: float = 300.0
-
-
-def on_node(ctx: RunContext, resources: ResourcesConfig) -> RunContext:
-    """`ctx` on the node `resources` describes: the stage's own config decides the node's role, whatever started it
-    (the flow, a deployment on a work pool). One machine: `ctx` as it is."""
-    if resources.num_machines == 1:
-        return ctx
-    return ctx.model_copy(update={"machine_rank": resources.machine_rank, "rdzv_timeout_s": resources.rdzv_timeout_s})
-
-
-class FollowerRun:
-    """What a stage's build logs to on a node with machine_rank > 0: nothing. Node 0 alone logs, registers and caches,
-    so the build runs unchanged up to its launch (`stages.rendezvous.FollowerDone`) and whatever it logs on the way
-    is dropped here."""
-
-    def __init__(self, stage: str, key: str):
-        self.stage, self.key = stage, key
-        self.run_id, self.artifact_uri = "", ""
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def log_params(self, params: dict[str, Any]) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, Any], wait: bool = True) -> None:
-        pass
-
-    def log_table(self, rows: list[dict], artifact_file: str, wait: bool = True) -> None:
-        pass
-
-    def log_dir(self, local_dir: Path, artifact_path: str, wait: bool = True) -> None:
-        pass
-
-
-def launch_id_of(run: StageRun | FollowerRun) -> str:
-    """What the nodes of a multi-node stage meet for (`stages.rendezvous`): the stage and its cache key, the same on
-    every node that runs this stage on the same inputs."""
-    return f"{run.stage}-{pending_key(run)}"
-
-
-def pending_key(run: StageRun | FollowerRun) -> str:
-    """The cache key of the stage a run is building."""
-    return run.key if isinstance(run, FollowerRun) else run.run.data.tags["rlhf.cache_key_pending"]
 
 
 # A build function fills `out_dir` with the stage's artifacts, logging metrics to `run` as it goes.
@@ -205,65 +145,6 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
         RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
     return StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
                        artifact_uri=f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}", digest=digest, model_uri=model_uri)
-
-
-# Stages whose build trains across nodes: a follower runs it up to its launch. The others are node 0's alone.
-TRAINED_ACROSS_NODES = ("sft", "reward", "ppo")
-# A node 0 killed while publishing leaves its run RUNNING for ever; a follower waits on it at most this long (an
-# upload of a large model), and `rdzv_timeout_s` for a run that does not show up at all.
-PUBLISH_LIMIT_S = 3600.0
-FOLLOW_POLL_S = 1.0  # a search and a look-up per poll: cheap for the store at this pace
-
-
-def follow(ctx: RunContext, stage: str, key: str, build: BuildFn) -> StageResult:
-    """A stage on a node with machine_rank > 0: train alongside node 0 where the stage trains (its build, up to the
-    launch, logging nothing: `FollowerRun`), then take node 0's result from MLflow once its run with this key has
-    finished. Creates no run, registers nothing, writes no cache: a follower has nothing to leave half-written."""
-    earlier = lookup(ctx.experiment_id, stage, key)  # a forced rerun: node 0's new run is the answer, not this
-    failed = {r.info.run_id for r in _runs_of(ctx, stage, key) if r.info.status == "FAILED"}
-    if stage in TRAINED_ACROSS_NODES:
-        get_run_logger().info("%s: training with node 0 as machine_rank %d (cache key %s)", stage,
-                              ctx.machine_rank, key)
-        with tempfile.TemporaryDirectory(prefix=f"rlhf-{stage}-follower-") as tmp:
-            try:
-                build(FollowerRun(stage, key), Path(tmp))
-            except FollowerDone:
-                pass
-            else:
-                raise RuntimeError(f"{stage}: the build ended on machine_rank {ctx.machine_rank} without a launch "
-                                   "across nodes; only node 0 builds this stage")
-    result = _await_node0(ctx, stage, key, earlier[0].mlflow_run_id if earlier else None, failed)
-    result.status = "ran" if stage in TRAINED_ACROSS_NODES else "cached"  # "ran": this node trained too
-    return result
-
-
-def _runs_of(ctx: RunContext, stage: str, key: str) -> list:
-    return newest_runs(ctx.experiment_id, stage, f"tags.`rlhf.cache_key_pending` = '{key}'")
-
-
-def _await_node0(ctx: RunContext, stage: str, key: str, earlier: str | None, failed: set[str]) -> StageResult:
-    """Poll the store until node 0's finished run with `key` (not `earlier`) appears. Fails at once when node 0's run
-    fails, and after `rdzv_timeout_s` without one; while node 0's run is RUNNING (publishing) up to
-    `PUBLISH_LIMIT_S`."""
-    start = time.monotonic()
-    deadline = start + ctx.rdzv_timeout_s
-    while True:
-        hit = lookup(ctx.experiment_id, stage, key)
-        if hit is not None and hit[0].mlflow_run_id != earlier:
-            return hit[0]
-        runs = _runs_of(ctx, stage, key)
-        if bad := [r.info.run_id for r in runs if r.info.status == "FAILED" and r.info.run_id not in failed]:
-            raise RuntimeError(f"{stage}: node 0's run {bad[0]} with cache key {key} failed; machine_rank "
-                               f"{ctx.machine_rank} has no result to take (see that run, or node 0's log)")
-        now = time.monotonic()
-        if runs and runs[0].info.status == "RUNNING":
-            deadline = max(deadline, min(start + PUBLISH_LIMIT_S, now + ctx.rdzv_timeout_s))
-        if now > deadline:
-            raise TimeoutError(
-                f"{stage}: no finished run with cache key {key} from node 0 in the MLflow store {tracking_uri()} "
-                f"after {now - start:.0f} s (machine_rank {ctx.machine_rank}, resources.rdzv_timeout_s "
-                f"{ctx.rdzv_timeout_s:g}): do all nodes share one tracking store and run the same config?")
-        time.sleep(FOLLOW_POLL_S)
 
 
 # I/O tasks: MLflow calls, each retried by the one policy of `stages.retry` (a transient store error must not cost a

@@ -36,7 +36,8 @@ from rlhf_lib.data.sources import Source, hub_fingerprint
 from rlhf_lib.data.user import build_user_task
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
 from rlhf_lib.models import load_tokenizer
-from stages.base import RunContext, as_state, log_dataset, on_node, run_cached
+from stages.base import as_state, log_dataset, run_cached
+from stages.context import on_node, RunContext
 from stages.cache import StageResult
 from stages.manifest import dir_digest
 from stages.models_io import local_model, model_source_digest

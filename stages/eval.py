@@ -26,7 +26,8 @@ from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
-from stages.base import RunContext, as_state, key_lock, log_dataset, on_node, run_cached
+from stages.base import as_state, key_lock, log_dataset, run_cached
+from stages.context import on_node, RunContext
 from stages.cache import StageResult
 from stages.data import (
     conversations,

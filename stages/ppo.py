@@ -33,17 +33,9 @@ from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
 from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
-from stages.base import (
-    FollowerRun,
-    RunContext,
-    RunSink,
-    as_state,
-    launch_id_of,
-    log_dataset,
-    on_node,
-    pending_key,
-    run_cached,
-)
+from stages.base import as_state, log_dataset, run_cached, RunSink
+from stages.context import on_node, RunContext
+from stages.follower import FollowerRun, launch_id_of, pending_key
 from stages.cache import StageResult
 from stages.data import (
     conversations,
@@ -191,6 +183,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
         heldout = ([p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
                    if cfg.ppo.eval_every else [])
+        # The launch boundary (docs/architecture.md): everything the loop needs, as JSON, because a launched run reads
+        # it from a file in each of its processes. The config crosses as its JSON dump and is validated once on the
+        # other side (`PPOJob.cfg`); models cross as directories, prompts and columns as plain lists and dicts.
         # The job's own copy keeps what redaction would hide (a literal key in a reward URL): it never leaves us.
         job = PPOJob(config=cfg.model_dump(mode="json", context={KEEP_SECRETS: True}), sft_dir=str(sft_dir),
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,

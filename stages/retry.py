@@ -37,7 +37,7 @@ _PERMANENT = {ErrorCode.Name(c) for c in (RESOURCE_DOES_NOT_EXIST, INVALID_PARAM
 def configure_client() -> None:
     """MLflow's client without retries of its own, with a request timeout, and with proxied artifacts moved through
     the tracking server rather than presigned S3 URLs (the bundled moto store checks keys and fails a presigned
-    request: `flows.s3_auth`). A user's setting wins each time."""
+    request: `services.s3_auth`). A user's setting wins each time."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(REQUEST_TIMEOUT_S))
     os.environ.setdefault("MLFLOW_ENABLE_PROXY_MULTIPART_DOWNLOAD", "false")

@@ -30,7 +30,9 @@ from rlhf_lib.reward import launched, pair_scores, train_reward_model
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
+from stages.base import as_state, log_dataset, run_cached, RunSink
+from stages.context import on_node, RunContext
+from stages.follower import launch_id_of
 from stages.cache import StageResult
 from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
 from stages.models_io import base_model_tags, local_model, model_source_digest

@@ -24,7 +24,9 @@ from rlhf_lib.models import (
 from rlhf_lib.sft import launched, train_sft
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunContext, RunSink, as_state, launch_id_of, log_dataset, on_node, run_cached
+from stages.base import as_state, log_dataset, run_cached, RunSink
+from stages.context import on_node, RunContext
+from stages.follower import launch_id_of
 from stages.cache import StageResult
 from stages.data import dataset_name, file_digest
 from stages.models_io import base_model_tags, local_model, model_source_digest

@@ -59,7 +59,7 @@ def prefect_server():
     """One temporary Prefect server (Prefect's test harness: a subprocess on a fresh SQLite database) for every in-process
     flow of the session. Each start migrates a new database, about 11 s on a 366 GFLOP/s host and several times that on
     a slow one, so the modules share it; their MLflow stores stay apart (`RLHF_HOME` per module), and so does every
-    cache, which lives there. Heartbeats are off as under `rlhf run`'s throwaway server (`flows.cli.flow_settings`):
+    cache, which lives there. Heartbeats are off as under `rlhf run`'s throwaway server (`cli.main.flow_settings`):
     joining each sub-flow's heartbeat thread costs up to a second at its end, 4 s of a micro pipeline's 11."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import parser
+from cli.main import parser
 from flows.settings import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

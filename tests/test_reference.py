@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.reference import reference
+from cli.reference import reference
 from rlhf_lib.config import PPOConfig, RewardConfig, SFTConfig
 from rlhf_lib.metric_docs import documented
 

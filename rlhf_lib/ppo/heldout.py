@@ -10,7 +10,6 @@ optimistic estimate for those prompts: the eval stage's report says which iterat
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,26 +19,13 @@ from rlhf_lib.ppo.lora import adapters_off
 from rlhf_lib.lm.masked import masked_sum
 from rlhf_lib.lm.generation import decode_responses, encode_prompts, sample
 from rlhf_lib.lm.scoring import response_logprobs
+from rlhf_lib.ppo.types import BestPolicy
 
 if TYPE_CHECKING:
     from rlhf_lib.ppo.trainer import PPOTrainer
 
 Judge = Callable[[str, str], float]
 SEED_OFFSET = 7919  # the held-out draws' own stream, apart from the training one
-
-
-@dataclass
-class BestPolicy:
-    """The best policy so far: its iteration, its held-out figure (`metric`) and its weights (CPU copies, as the
-    saved policy's state dict)."""
-
-    iteration: int
-    metric: str
-    value: float
-    state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
-
-    def describe(self) -> str:
-        return f"iteration {self.iteration} ({self.metric} = {self.value:.4f})"
 
 
 def selection_metric(judged: bool) -> str:

@@ -9,9 +9,9 @@ The loop reports through a typed event sink (`rlhf_lib.events`) and knows nothin
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,48 +28,17 @@ from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkp
 from rlhf_lib.ppo.heldout import consider, heldout_stats
 from rlhf_lib.ppo.metrics import sample_rows
 from rlhf_lib.lm.generation import decode_responses
-from rlhf_lib.ppo.trainer import PPOTrainer
+from rlhf_lib.ppo.trainer import Call, PPOTrainer, direct
 from rlhf_lib.ppo.types import PPOModels, Rollout
 
 # The phases of one iteration, in order, as the Prefect tasks are named and the timings logged (`time/<phase>_s`).
 PHASES = ("rollout", "score", "gae", "update")
-# How a phase runs: call(phase, fn, *args) returns fn(*args): directly, as a Prefect task, or timed.
-Call = Callable[..., Any]
 Judge = Callable[[str, str], float]
 
 
-def direct(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
-
-
 def run_iteration(trainer: PPOTrainer, call: Call = direct) -> tuple[Rollout, dict[str, float]]:
-    """One PPO iteration (InstructGPT; "The N+ Implementation Details of RLHF with PPO"):
-
-        1. generate     rollout: sample responses to a batch of prompts, with their log-probs
-        2. score        score: reference log-probs, values and reward-model scores
-        3. rewards      gae: the KL-shaped per-token rewards (score on the last real token), then
-        4. advantages        GAE (or the group estimator) and whitening; the KL controller steps
-        5. update       update: epochs x minibatches of clipped PPO steps
-
-    Returns the rollout and the iteration's metrics, with the seconds of each phase (`time/*`).
-    """
-    seconds: dict[str, float] = {}
-
-    def timed(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.perf_counter()
-        out = call(phase, fn, *args)
-        seconds[phase] = time.perf_counter() - t0
-        return out
-
-    ro = timed("rollout", trainer.rollout)
-    timed("score", trainer.score, ro)
-    stats = timed("gae", trainer.advantages, ro)
-    stats.update(timed("update", trainer.update, ro))
-    total = sum(seconds.values())
-    stats.update({f"time/{phase}_s": s for phase, s in seconds.items()})
-    stats["time/iteration_s"] = total
-    stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
-    return ro, stats
+    """One PPO iteration: `PPOTrainer.step`, the page that calls the phases in order (rlhf_lib/ppo/trainer.py)."""
+    return trainer.step(call)
 
 
 def ppo_loop(trainer: PPOTrainer, sink: Sink | None, iterations: int, checkpoints: Path, judge: Judge | None = None,
@@ -146,6 +115,12 @@ class PPOJob:
     # the messages of each rendered prompt, for an RM with its own tokenizer (rlhf_lib.data.conversations)
     conversations: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
+    @cached_property
+    def cfg(self) -> PipelineConfig:
+        """`config` validated, once per job: the stage dumped it to JSON (`PipelineConfig.model_dump(mode="json")`)
+        because a launched run reads the job from a file; every reader of the job takes this."""
+        return PipelineConfig.model_validate(self.config)
+
     @classmethod
     def from_dict(cls, job: dict[str, Any]) -> PPOJob:
         return cls(**{**job, "ptx": [tuple(e) for e in job.get("ptx", [])]})
@@ -178,7 +153,7 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path | None) -> 
 
 
 def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
-    cfg = PipelineConfig.model_validate(job.config)
+    cfg = job.cfg
     models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir) if job.reward_dir else None)
     if models.reward_tokenizer is not None:  # an RM with its own tokenizer reads its own chat template
         models.reward_rendering = reward_rendering(job.conversations, False, models.reward_tokenizer,
@@ -209,7 +184,7 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
     written under `workdir/checkpoints`."""
     from rlhf_lib.demo_task import gold_score
 
-    cfg = PipelineConfig.model_validate(job.config)
+    cfg = job.cfg
     trainer = build_trainer(job, group)
     if job.resume:
         ckpt = load_first(trainer, [Path(p) for p in job.resume])
@@ -251,7 +226,7 @@ def launched(job: dict[str, Any], workdir: Path, sink: Sink) -> None:
     same trainer and loops; the main one reports to `sink` and saves the final policy. The processes are on
     `resources.device` (one GPU each, NCCL; or CPU processes joined by gloo)."""
     ppo_job = PPOJob.from_dict(job)
-    group = ProcessGroup(device=PipelineConfig.model_validate(ppo_job.config).resources.device)
+    group = ProcessGroup(device=ppo_job.cfg.resources.device)
     train_ppo(ppo_job, sink if group.is_main else None, workdir, group=group)
     group.barrier()
     group.close()

@@ -86,3 +86,17 @@ class PPOModels:
     tokenizer: PreTrainedTokenizerBase
     reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's
     reward_rendering: RewardRendering | None = None  # the RM's own chat template over each prompt's conversation
+
+
+@dataclass
+class BestPolicy:
+    """The best policy so far: its iteration, its held-out figure (`metric`) and its weights (CPU copies, as the
+    saved policy's state dict)."""
+
+    iteration: int
+    metric: str
+    value: float
+    state: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)
+
+    def describe(self) -> str:
+        return f"iteration {self.iteration} ({self.metric} = {self.value:.4f})"

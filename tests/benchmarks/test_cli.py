@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from flows.cli import main
+from cli.main import main
 
 TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.vocab_size=256", "model.n_positions=32",
         "bench.prompt_length=8", "ppo.max_new_tokens=4", "ppo.batch_size=4", "ppo.minibatches=2",

@@ -24,7 +24,7 @@ def home(tmp_path_factory, prefect_server):
 @contextlib.contextmanager
 def local_services(state, **up_args):
     """`rlhf up`'s services on free ports for one test module, stopped after; yields their URLs."""
-    from flows import services
+    from services import servers as services
     from stages.net import free_port
 
     mp = pytest.MonkeyPatch()

@@ -18,7 +18,7 @@ HH = Path(__file__).resolve().parents[1] / "fixtures" / "hh_rlhf" / "harmless-24
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **env}
     full_env.pop("PREFECT_API_URL", None) if "PREFECT_API_URL" not in env else None
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
                           env=full_env, timeout=300)
 
 
@@ -77,7 +77,7 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     with open(tmp_path / "stderr.log", "w") as log:  # not a pipe: an orphaned server would hold it open
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "full", "--preset", "micro"],
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro"],
                                 env=env | {"RLHF_HOME": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log)
     children: list[psutil.Process] = []
     try:

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 def test_two_simultaneous_runs_both_complete_and_register_once(tmp_path):
     env = {**os.environ, "RLHF_HOME": str(tmp_path)}
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "flows.cli", "run", "reward", "--preset", "micro", "--json"]
+    cmd = [sys.executable, "-m", "cli.main", "run", "reward", "--preset", "micro", "--json"]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (out, err) in zip(procs, outs):

@@ -3,7 +3,7 @@ an ETA from the mean step time so far."""
 
 from __future__ import annotations
 
-from flows.console import LineProgress, clock
+from cli.console import LineProgress, clock
 
 
 def test_progress_lines_are_throttled_and_carry_an_eta():

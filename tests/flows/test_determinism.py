@@ -7,7 +7,7 @@ import os
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli import load_config
+from cli.main import load_config
 
 
 @pytest.fixture(scope="module")

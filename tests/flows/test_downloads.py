@@ -18,7 +18,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli import load_config
+from cli.main import load_config
 from stages import artifact_cache, tracking
 from stages.net import free_port, healthy
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli import load_config
+from cli.main import load_config
 from rlhf_lib.model_import import sha256_file
 from tests.rlhf_lib.gguf_writer import write_tiny_llama_gguf
 

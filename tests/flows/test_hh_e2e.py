@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli import load_config
+from cli.main import load_config
 from rlhf_lib.data import DataError
 from rlhf_lib.data.conversations import RewardRendering, read_conversations
 

@@ -73,7 +73,7 @@ def test_kill_9_leaves_no_server_and_the_next_run_cleans_up(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     env["RLHF_HOME"] = str(tmp_path)
-    cmd = [sys.executable, "-m", "flows.cli", "run", "sft", "--preset", "micro", "--set", "sft.epochs=50"]
+    cmd = [sys.executable, "-m", "cli.main", "run", "sft", "--preset", "micro", "--set", "sft.epochs=50"]
     with open(tmp_path / "out.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
     children: list[psutil.Process] = []

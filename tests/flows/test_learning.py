@@ -16,7 +16,7 @@ about the mean minus three standard deviations: win rate > 0.75, gold gain > 0.3
 
 from __future__ import annotations
 
-from flows.cli import load_config
+from cli.main import load_config
 
 LEARN = [
     "data.n_train_prompts=256",  # more demonstrations than micro's 48
@@ -43,7 +43,7 @@ LEARN = [
 
 def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
     from flows.pipeline import rlhf
-    from flows.seeds import run_seeds
+    from cli.seeds import run_seeds
 
     result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
     for seed, summary in result["seeds"].items():

@@ -58,7 +58,7 @@ def test_pipeline_survives_an_mlflow_server_restart_mid_ppo(tmp_path):
     server = _start_server(store, port)
     env = {**os.environ, "RLHF_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": url}
     env.pop("PREFECT_API_URL", None)
-    cmd = [sys.executable, "-m", "flows.cli", "run", "full", "--preset", "micro", "--json",
+    cmd = [sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro", "--json",
            "--set", f"ppo.iterations={ITERATIONS}", "--set", "ppo.checkpoint_every=5"]
     run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows.cli import load_config
+from cli.main import load_config
 
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 EVAL_KEYS = {"reward_mean", "gold_reward_mean", "gold_reward_mean_sft", "win_rate_vs_sft", "kl_to_ref",
@@ -179,7 +179,7 @@ def test_deleted_artifact_is_a_miss_not_a_stale_hit(first):
 def test_cli_json_summary_is_the_last_stdout_line(first, home):
     env = {**os.environ, "RLHF_HOME": str(home)}
     env.pop("PREFECT_API_URL", None)
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", "sft", "--preset", "micro", "--json"],
+    out = subprocess.run([sys.executable, "-m", "cli.main", "run", "sft", "--preset", "micro", "--json"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout.strip().splitlines()[-1])
@@ -188,7 +188,7 @@ def test_cli_json_summary_is_the_last_stdout_line(first, home):
 
 
 def test_cli_refuses_a_bad_key_before_any_work():
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "run", "full", "--set", "ppo.kl_coeff=1"],
+    out = subprocess.run([sys.executable, "-m", "cli.main", "run", "full", "--set", "ppo.kl_coeff=1"],
                          capture_output=True, text=True, timeout=600)  # a loaded host imports slowly
     assert out.returncode != 0
     assert "unknown config key 'ppo.kl_coeff'" in out.stderr
@@ -270,7 +270,7 @@ def test_ppo_against_a_served_reward_model_matches_in_process(first, tmp_path, h
 
     rm_uri, port, token = _intact_reward_model(), free_port(), "e2e-secret-token"
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", rm_uri, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve-reward", rm_uri, "--port", str(port),
                              "--device", "cpu", "--token-env", "E2E_RM_TOKEN"],
                             env=env | {"RLHF_HOME": str(home), "E2E_RM_TOKEN": token},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from flows.cli import main
-from flows.errors import QuietUserErrors, user_error
+from cli.main import main
+from cli.errors import QuietUserErrors, user_error
 from stages.launch import LaunchError
 
 # The demo preset's learning rates and lengths are sized for the tiny model; only memory is looked at here.
@@ -37,7 +37,7 @@ def test_plan_json_matches_the_hand_calculation(capsys):
 
 def test_plan_refuses_over_budget_with_exit_code_1_and_no_traceback():
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--shape", "qwen2.5-1.5b", "--stage", "ppo",
+    out = subprocess.run([sys.executable, "-m", "cli.main", "plan", "--shape", "qwen2.5-1.5b", "--stage", "ppo",
                           "--set", "model.n_positions=1024", "--set", "ppo.max_new_tokens=256", "--set",
                           "ppo.minibatches=1", "--budget-gb", "80"], capture_output=True, text=True, env=env,
                          timeout=300, check=False)

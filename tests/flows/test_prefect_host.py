@@ -1,4 +1,4 @@
-"""The Prefect servers this project starts answer only their own Host names (flows/prefect_server.py): a DNS
+"""The Prefect servers this project starts answer only their own Host names (services/prefect_server.py): a DNS
 rebinding page's request is refused, a local client's is served."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import httpx
 
-from flows.prefect_server import allowed_hosts
+from services.prefect_server import allowed_hosts
 
 
 def test_allowed_hosts():
@@ -18,7 +18,7 @@ def test_allowed_hosts():
 
 
 def test_the_throwaway_server_refuses_a_foreign_host_header(tmp_path, monkeypatch):
-    from flows.ephemeral import EphemeralPrefect
+    from services.ephemeral import EphemeralPrefect
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     server = EphemeralPrefect()

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from flows.prefect_tuning import SERVER_BATCHING, server_batching
+from services.prefect_tuning import SERVER_BATCHING, server_batching
 
 TASK_RUNS = 24  # fewer than the recorder's batch of 100: all of them wait in the batch until the server stops
 
@@ -22,7 +22,7 @@ def test_batching_fills_in_only_what_the_environment_leaves_unset():
 def test_the_throwaway_server_records_every_task_run_held_in_a_batch_when_it_stops(tmp_path):
     script = textwrap.dedent(f"""
         import os
-        from flows.ephemeral import EphemeralPrefect
+        from services.ephemeral import EphemeralPrefect
         server = EphemeralPrefect()
         os.environ["PREFECT_API_URL"] = server.api_url
         server.wait()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import load_config
+from cli.main import load_config
 
 PRESETS = sorted(p.stem for p in (Path(__file__).parents[2] / "flows" / "presets").glob("*.yaml"))
 

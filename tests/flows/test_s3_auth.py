@@ -1,4 +1,4 @@
-"""The bundled S3 store checks a key made at its start (flows/s3_auth.py): the MLflow server's key writes, no key and
+"""The bundled S3 store checks a key made at its start (services/s3_auth.py): the MLflow server's key writes, no key and
 a made-up key do not."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_only_the_bootstrapped_key_reaches_the_bundled_store(tmp_path):
     import botocore
     from botocore.config import Config
 
-    from flows import s3_auth
+    from services import s3_auth
     from stages.net import free_port, http_get
 
     port = free_port()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.seeds import parse_seeds, run_seeds, seed_rows, seeded
+from cli.seeds import parse_seeds, run_seeds, seed_rows, seeded
 from rlhf_lib.config import ConfigError, PipelineConfig
 
 
@@ -47,7 +47,7 @@ def test_one_failed_seed_fails_the_whole():
 def test_the_seeds_table_of_a_pipeline_that_ends_at_the_reward_model(capsys, monkeypatch):
     # `rlhf run reward --seeds ...`: each summary's figures are the RM's held-out accuracy (flows.pipeline's
     # reward_figures); `rlhf run sft --seeds ...` has none, and prints its stages without a figures table.
-    from flows import console
+    from cli import console
     from flows.pipeline import reward_figures
 
     monkeypatch.setattr(console, "where_to_look", lambda summary: [])

@@ -15,7 +15,7 @@ import torch
 import pytest
 from fastapi.testclient import TestClient
 
-from flows.serve_reward import ServeError, make_app, serve
+from services.serve_reward import ServeError, make_app, serve
 from rlhf_lib.rewards import RewardError, TextBatch
 
 ROOT = Path(__file__).parent.parent.parent
@@ -145,7 +145,7 @@ def test_served_registered_rm_scores_as_in_process(tmp_path, monkeypatch, tiny_t
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {
         "RLHF_HOME": str(tmp_path), "SERVE_TEST_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", uri, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve-reward", uri, "--port", str(port),
                              "--device", "cpu", "--token-env", "SERVE_TEST_TOKEN", "--max-batch", "8"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -233,7 +233,7 @@ def _server(app, **kw):
 
     import uvicorn
 
-    from flows.serve_reward import timed_protocol
+    from services.serve_reward import timed_protocol
 
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=timed_protocol(0.5), **kw)
@@ -247,7 +247,7 @@ def _server(app, **kw):
 
 
 def test_half_sent_requests_are_closed_at_the_header_timeout():
-    # Pins uvicorn's H11Protocol attributes that flows.serve_reward.timed_protocol reads (conn, loop, transport).
+    # Pins uvicorn's H11Protocol attributes that services.serve_reward.timed_protocol reads (conn, loop, transport).
     server, port = _server(make_app(length_scorer, TOKEN, max_batch=3, model_name="m"))
     try:
         socks = []

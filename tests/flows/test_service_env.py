@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import services
-from flows.procs import child_env
+from services import servers as services
+from services.procs import child_env
 
 MAKE_DEMO = {"PATH": "/usr/bin", "HF_HUB_OFFLINE": "1", "RLHF_OFFLINE_FROM_MAKE": "HF_HUB_OFFLINE"}
 

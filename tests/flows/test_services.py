@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows import procs, services
-from flows.prefect_tuning import SERVER_BATCHING
+from services import procs
+from services import servers as services
+from services.prefect_tuning import SERVER_BATCHING
 from stages.net import free_port, healthy, port_open
 
 
@@ -63,7 +64,7 @@ def test_up_status_idempotent_down(state: Path, ports: tuple[int, int]) -> None:
     assert healthy(f"{got['prefect_api']}/health") and healthy(f"{got['mlflow_ui']}/health")
     assert services.running_prefect_api(state) == got["prefect_api"]
     with urllib.request.urlopen(f"{got['prefect_api']}/admin/settings", timeout=10) as resp:
-        server = json.load(resp)["server"]["services"]  # the write batching of flows.prefect_tuning reached it
+        server = json.load(resp)["server"]["services"]  # the write batching of services.prefect_tuning reached it
     assert server["task_run_recorder"]["batch_size"] == int(SERVER_BATCHING[
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"])
     assert server["event_persister"]["batch_size"] == int(SERVER_BATCHING[

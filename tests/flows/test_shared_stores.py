@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from flows import services, stores
+from services import servers as services
+from services import stores
 from stages.net import ServiceUnreachable, free_port
 from tests.stages.test_resume import CMD as RESUME_CMD  # the killed PPO of the SQLite resume test
 
@@ -31,7 +32,7 @@ pytest.importorskip("psycopg2")
 pytest.importorskip("moto")
 boto3 = pytest.importorskip("boto3")
 
-FULL = [sys.executable, "-m", "flows.cli", "run", "full", "--preset", "micro", "--json"]
+FULL = [sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro", "--json"]
 STAGES = ["data", "sft", "reward", "ppo", "eval"]
 LOCAL_STORES = ("mlruns", "mlartifacts", "mlflow.db")
 
@@ -138,7 +139,7 @@ def _client(urls: dict):
 
 
 def _bucket_keys(endpoint: str, state: Path) -> list[str]:
-    from flows import s3_auth
+    from services import s3_auth
 
     creds = s3_auth.credentials(state)  # the MLflow server's key: the bundled store refuses any other
     s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=creds["AWS_ACCESS_KEY_ID"],

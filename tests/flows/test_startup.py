@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CODE = """
 import sys
-from flows import cli, ephemeral
+import cli.main as cli
+from services import ephemeral
 
 def spawn(self):
     print(sorted(m for m in ("torch", "prefect", "mlflow", "transformers") if m in sys.modules), flush=True)

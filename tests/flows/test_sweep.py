@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flows.cli import main
+from cli.main import main
 from flows.sweep import parse_grid, parse_point, point_configs
 from flows.sweep_runs import rank
 from rlhf_lib.config import ConfigError

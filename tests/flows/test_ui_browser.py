@@ -1,7 +1,7 @@
 """Browser checks: after one micro pipeline run, the MLflow and Prefect web UIs, rendered by headless Chromium,
 show what the run recorded (parent run, registered policy version, flow run and its stage sub-flows).
 
-The servers are the ones `rlhf up` starts (`flows.services.up`), on free loopback ports in a tmp state dir; the
+The servers are the ones `rlhf up` starts (`services.servers.up`), on free loopback ports in a tmp state dir; the
 pipeline runs in-process against that Prefect server and writes to that state dir's MLflow store. Each page's
 screenshot is saved in the test's tmp dir (`pytest --basetemp=...` to keep them somewhere handy).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from flows import services
+from services import servers as services
 from flows.settings import load_config
 from stages.net import free_port
 

@@ -147,7 +147,7 @@ def test_a_sweep_runs_its_points_in_parallel_on_two_workers(cluster):
     cluster.stop_worker("gpu-1")
     cluster.start_worker("cpu-a", "cpu", limit=1)
     cluster.start_worker("cpu-b", "cpu", limit=1)
-    cmd = [sys.executable, "-m", "flows.cli", "sweep", "ppo", "--preset", "micro",
+    cmd = [sys.executable, "-m", "cli.main", "sweep", "ppo", "--preset", "micro",
            "--set", "ppo.kl_coef=0.02,0.1,0.3", "--json"]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=cluster.state, env=cluster.env, capture_output=True, text=True, timeout=900)

@@ -288,7 +288,7 @@ def test_a_follower_trains_then_takes_node0s_result(tmp_path, monkeypatch, prefe
     import mlflow
     from mlflow import MlflowClient
 
-    from stages.base import FollowerRun
+    from stages.follower import FollowerRun
 
     def node0_build(run, out_dir):
         time.sleep(3)  # node 0 trains and publishes while the follower waits
@@ -345,7 +345,7 @@ def test_two_rlhf_run_processes_train_as_two_nodes_and_only_node0_logs(tmp_path)
                    env=env | {"RLHF_HOME": str(tmp_path / "shared")})
     port = _ports()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", "reward", "--preset", "micro", "--json",
+        [sys.executable, "-m", "cli.main", "run", "reward", "--preset", "micro", "--json",
          "--set", "resources.device=cpu", "--set", "resources.num_machines=2", "--set", f"resources.machine_rank={r}",
          "--set", f"resources.rdzv_endpoint=127.0.0.1:{port}", "--set", "resources.rdzv_timeout_s=120"],
         env=env | {"RLHF_HOME": str(tmp_path / f"node{r}"), "PREFECT_HOME": str(tmp_path / f"prefect{r}")},

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 
 # Every checkpoint is kept, so the first one stays for the poller below however far behind its uploads a loaded
 # host runs (with the default two kept, it is gone once the third is up).
-CMD = [sys.executable, "-m", "flows.cli", "run", "ppo", "--preset", "micro", "--json",
+CMD = [sys.executable, "-m", "cli.main", "run", "ppo", "--preset", "micro", "--json",
        "--set", "ppo.iterations=14", "--set", "ppo.checkpoint_every=2", "--set", "ppo.keep_checkpoints=null"]
 
 
@@ -41,7 +41,7 @@ def _final_metrics(home: Path, run_id: str) -> dict:
 def test_killed_ppo_resumes_to_the_uninterrupted_result(tmp_path):
     home = tmp_path
     # Warm the upstream stages so that the killed attempt is inside PPO when the first checkpoint lands.
-    subprocess.run([sys.executable, "-m", "flows.cli", "run", "reward", "--preset", "micro"],
+    subprocess.run([sys.executable, "-m", "cli.main", "run", "reward", "--preset", "micro"],
                    env=_env(home), check=True, capture_output=True, timeout=600)
     proc = subprocess.Popen(CMD, env=_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

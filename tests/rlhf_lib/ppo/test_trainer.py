@@ -8,7 +8,8 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer, PromptSampler
+from rlhf_lib.ppo.sampler import PromptSampler
+from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 
 PROMPTS = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(8)]
 CFG = PPOConfig(iterations=2, batch_size=8, minibatches=2, epochs=2, max_new_tokens=6, lr=1e-3)

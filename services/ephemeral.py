@@ -4,7 +4,7 @@ Prefect would start the same server itself (`SubprocessASGIServer`), but only at
 torch/transformers imports, and only after importing its whole server stack in our process. Spawning it first,
 without importing Prefect, lets its ~8 s start run on the other core while this process imports: a fully cached
 `rlhf run full` takes ~8 s less. The command and environment are the ones Prefect itself uses, plus the write
-batching of `flows.prefect_tuning`; the app is Prefect's behind a Host check (`flows.prefect_server`).
+batching of `services.prefect_tuning`; the app is Prefect's behind a Host check (`services.prefect_server`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.prefect_tuning import server_batching
+from services.prefect_tuning import server_batching
 from stages.net import free_port, healthy
 
 
@@ -53,7 +53,7 @@ class EphemeralPrefect:
         parent = os.getpid()
         return subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--factory",
-             "flows.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+             "services.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
              "--log-level", "error", "--lifespan", "on"],
             env=env, preexec_fn=lambda: _die_with(parent) if sys.platform == "linux" else None,
         )

@@ -32,7 +32,7 @@ def config(which: str, args: argparse.Namespace) -> BenchPipelineConfig:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from flows.cli import configure_env, flow_settings, start_prefect
+    from cli.runtime import configure_env, flow_settings, start_prefect
 
     chosen = ["ppo", "overhead", "cached"] if args.which == "all" else [args.which]
     configs = {which: config(which, args) for which in chosen}  # every config is checked before anything runs

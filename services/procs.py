@@ -2,7 +2,7 @@
 its pid, url and log files under `<state>/services/`, and starting, probing and stopping it with psutil.
 
 A pid file holds the pid and the process's start time, so a pid the OS has since given to another process is never
-taken for the service. Nothing here knows which services exist (that is `flows.services`); nothing here prints.
+taken for the service. Nothing here knows which services exist (that is `services.servers`); nothing here prints.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ that resolves to 127.0.0.1 after the page loaded); the browser then sends that n
 with 400. Allowed: the loopback names, the `--host` the server binds, and the names in `RLHF_ALLOWED_HOSTS`
 (comma-separated: the name a reverse proxy or other machines use).
 
-Run as `uvicorn --factory flows.prefect_server:create_app`; Prefect's settings in the environment (home, database,
+Run as `uvicorn --factory services.prefect_server:create_app`; Prefect's settings in the environment (home, database,
 UI, ephemeral or final) apply as they do to `prefect server start`.
 """
 

@@ -19,87 +19,19 @@ import threading
 from pathlib import Path
 
 from flows.settings import load_config, preset_names
-from stages.home import state_dir
+from cli.runtime import configure_env, flow_settings, start_prefect, warm_up
 
 PIPELINES = ("full", "sft", "reward", "ppo", "eval")
 DEPLOYMENTS = PIPELINES
 
 
-def configure_env(use_services: bool = True) -> Path:
-    state = state_dir()
-    os.environ["RLHF_HOME"] = str(state)
-    os.environ.setdefault("PREFECT_HOME", str(state / "prefect"))
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
-    # The analytics ping makes concurrent server starts fail with "database is locked".
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # transformers' and the hub's tqdm bars ("Loading weights", "Writing model shards") on every model load and save,
-    # and MLflow's INFO lines (the store's schema migrations on first use).
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    if use_services and "PREFECT_API_URL" not in os.environ:
-        from flows.services import running_prefect_api
-
-        api = running_prefect_api(state)
-        if api:  # `rlhf up` is running: show this run in its UI instead of a throwaway ephemeral server
-            os.environ["PREFECT_API_URL"] = api
-    return state
-
-
-def check_prefect(api_url: str, timeout_s: float = 5.0) -> None:
-    """Fail within seconds, naming the URL, when the configured Prefect API does not answer (no hang)."""
-    from stages.net import require_healthy
-
-    require_healthy(api_url, "Prefect API", "Start it with `rlhf up`, or unset PREFECT_API_URL to use a throwaway "
-                    "local server.", timeout_s)
-
-
-def start_prefect():
-    """Make sure a Prefect API is there for this process; returns the settings to run flows under.
-
-    Without `PREFECT_API_URL` (and no `rlhf up`), a throwaway server starts on the other core while this process
-    imports torch and Prefect; call `.wait()` on the returned server before the first flow.
-    """
-    if os.environ.get("PREFECT_API_URL"):
-        check_prefect(os.environ["PREFECT_API_URL"])
-        return None
-    from flows.ephemeral import EphemeralPrefect
-
-    server = EphemeralPrefect()
-    os.environ["PREFECT_API_URL"] = server.api_url
-    return server
-
-
-def flow_settings(server):
-    """Heartbeats let a long-lived server mark crashed runs; the throwaway server dies with this process, so they
-    would only cost each sub-flow up to a second at exit."""
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    if server:
-        server.wait()  # it stops at exit, after Prefect's own exit hooks have flushed logs and events to it
-    return temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None} if server else {})
-
-
-def warm_up(server, fresh_model: bool) -> None:
-    """Work the run needs first, done while the throwaway Prefect server starts on the other core (a fresh database
-    migrates for seconds): open the MLflow store, whose fresh SQLite file migrates too; then, if the server is still
-    not up and a fresh model will be built, import the GPT-2 classes that transformers otherwise loads at the first
-    model build, after the server is up."""
-    from stages.tracking import setup_mlflow
-
-    setup_mlflow()
-    if server is not None and fresh_model and not server.ready():
-        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from flows.seeds import parse_seeds
+    from cli.seeds import parse_seeds
 
     cfg = load_config(args.preset, args.config, args.set or [])
     seeds = parse_seeds(args.seeds) if args.seeds else None  # refused before any work
     configure_env()
-    from flows.stores import preflight
+    from services.stores import preflight
 
     # A server that answers while its database or artifact store is down: named now, not after a minute of retries.
     preflight(os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("PREFECT_API_URL"))
@@ -107,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rlhf_lib.devices import resolve_device  # imports torch: after the server's spawn, not before
 
     resolve_device(cfg.resources.device)  # a device this machine lacks: one line, before any store or stage
-    from flows.console import Console
+    from cli.console import Console
     from rlhf_lib.process import configure_process
 
     configure_process(cfg.torch_threads)
@@ -124,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if seeds is None:
             summary = run(cfg)
         else:
-            from flows.seeds import run_seeds
+            from cli.seeds import run_seeds
 
             summary = run_seeds(cfg, seeds, run)
     if args.json:
@@ -155,7 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_serve_reward(args: argparse.Namespace) -> int:
     configure_env(use_services=False)
-    from flows.serve_reward import ServeError, serve
+    from services.serve_reward import ServeError, serve
 
     try:
         return serve(args.model_uri, host=args.host, port=args.port, token_env=args.token_env,
@@ -168,7 +100,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     state = configure_env(use_services=False)
-    from flows.services import up
+    from services.servers import up
 
     urls = up(state, preset=args.preset, stores=args.stores)
     print(f"Prefect UI: {urls['prefect_ui']}\nMLflow UI:  {urls['mlflow_ui']}\nlogs: {state / 'services'}")
@@ -184,7 +116,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     state = configure_env(use_services=False)
-    from flows.services import down
+    from services.servers import down
 
     stopped = down(state)
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -193,7 +125,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     state = configure_env(use_services=False)
-    from flows.services import status
+    from services.servers import status
 
     for name, s in status(state).items():
         print(f"{name:8s} pid={s['pid']} alive={s['alive']} healthy={s['healthy']} {s['url']}")
@@ -203,7 +135,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """`make demo`: services up, `prefect deployment run rlhf/full --watch`, then where to look."""
     state = configure_env(use_services=False)
-    from flows.services import up
+    from services.servers import up
 
     urls = up(state)
     env = {**os.environ, "PREFECT_API_URL": urls["prefect_api"]}
@@ -244,7 +176,7 @@ def cmd_import_model(args: argparse.Namespace) -> int:
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
-    from flows.reference import reference
+    from cli.reference import reference
 
     text = reference()
     if args.check:
@@ -262,7 +194,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console as RichConsole
     from rich.table import Table
 
-    from flows.console import clock
+    from cli.console import clock
     from rlhf_lib.memory import (
         STAGES,
         GiB,
@@ -326,8 +258,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from benchmarks.cli import add_parser as add_bench
-    from flows.sweep_cli import add_parser as add_sweep
+    from cli.bench import add_parser as add_bench
+    from cli.sweep import add_parser as add_sweep
     from rlhf_lib.shapes import SHAPES
 
     presets = ", ".join(preset_names())
@@ -426,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         # Imported here, not first: its error types import torch, Prefect and MLflow, and `rlhf run` starts its
         # throwaway Prefect server and sets their environment before any of them.
-        from flows.errors import user_error
+        from cli.errors import user_error
 
         message = user_error(e)
         if message is None or args.debug:

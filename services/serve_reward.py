@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# At module level: FastAPI reads the routes' annotations (`Request`) from this module's globals. `flows.cli` imports
+# At module level: FastAPI reads the routes' annotations (`Request`) from this module's globals. `cli.main` imports
 # this module only for `serve-reward`.
 from fastapi import FastAPI, HTTPException, Request
 from starlette.concurrency import run_in_threadpool

@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from flows.cli import configure_env, flow_settings, start_prefect
+    from cli.runtime import configure_env, flow_settings, start_prefect
     from flows.settings import load_config
     from flows.sweep import parse_grid, parse_point, point_configs
 
@@ -44,7 +44,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.here and not os.environ.get("PREFECT_API_URL"):
         raise ConfigError(f"rlhf sweep submits each point to the deployment {args.deployment} on a Prefect server: "
                           "set PREFECT_API_URL or start `rlhf up`, or run the points here with --here")
-    from flows.stores import preflight
+    from services.stores import preflight
 
     preflight(os.environ.get("MLFLOW_TRACKING_URI"), os.environ.get("PREFECT_API_URL"))
     server = start_prefect()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flows.procs import services_dir
+from services.procs import services_dir
 
 FREE_ACTIONS = 3  # create_user, put_user_policy, create_access_key
 USER = "rlhf"

@@ -7,14 +7,14 @@ one machine. MLflow's and Prefect's databases are on PostgreSQL, MLflow's artifa
   `rlhf` with a generated password (`<state>/services/postgres.password`). PostgreSQL refuses to run as root: as
   root, the cluster belongs to and runs as the system user `postgres`.
 - S3: moto in server mode on 127.0.0.1:$RLHF_S3_PORT (9000), bucket `rlhf-artifacts`, checking a key generated at
-  its start (`flows.s3_auth`). moto keeps objects in memory, so `rlhf down` drops the artifacts;
+  its start (`services.s3_auth`). moto keeps objects in memory, so `rlhf down` drops the artifacts;
   `RLHF_S3_ENDPOINT_URL` names a lasting S3-compatible server to use instead, with the AWS credentials of the
   environment.
 - The MLflow server proxies the artifacts (`--artifacts-destination s3://rlhf-artifacts`): only it holds S3
   credentials, and clients need nothing but the tracking URI.
 
 The stores listen on loopback only, whatever `RLHF_HOST` says: only the MLflow and Prefect servers talk to them.
-Nothing here prints; `flows.services` starts and stops what `services()` describes.
+Nothing here prints; `services.servers` starts and stops what `services()` describes.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from flows import s3_auth
-from flows.procs import Service, read_pid, recorded_url, services_dir
+from services import s3_auth
+from services.procs import Service, read_pid, recorded_url, services_dir
 from stages.net import ServiceUnreachable, healthy, http_get
 
 STORES = ("local", "postgres")  # the choices of `rlhf up --stores`
@@ -222,7 +222,7 @@ class SharedStores:
             raise RuntimeError(f"cannot use bucket {BUCKET} at the S3 endpoint {self.s3_endpoint}: {e}") from None
 
     def adapt(self, specs: dict[str, Service]) -> dict[str, Service]:
-        """The Prefect, MLflow and deployment servers of `flows.services`, moved onto the stores."""
+        """The Prefect, MLflow and deployment servers of `services.servers`, moved onto the stores."""
         out = dict(specs)
         if "mlflow" in specs:
             svc = specs["mlflow"]

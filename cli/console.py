@@ -28,7 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.errors import quiet_user_errors
+from cli.errors import quiet_user_errors
 from rlhf_lib.intervals import split_intervals, with_interval
 from stages import progress
 
@@ -160,7 +160,7 @@ class Console:
     def seeds(self, result: dict) -> None:
         """Each seed's stages as `summary` prints them, then one table of the held-out figures: per seed with its
         95 % interval, and their mean and standard deviation over the seeds."""
-        from flows.seeds import seed_rows
+        from cli.seeds import seed_rows
 
         for summary in result["seeds"].values():
             self.summary(summary)
@@ -178,7 +178,7 @@ class Console:
 
 def where_to_look(summary: dict) -> list[str]:
     """Links into the MLflow and Prefect UIs when `rlhf up` runs them, else how to open the local store."""
-    from flows.services import urls
+    from services.servers import urls
     from stages.home import state_dir
     from stages.net import healthy
 

@@ -3,10 +3,10 @@
 Each service runs detached (its own session, so it outlives the `rlhf up` process and `down` can signal its whole
 process group), logs to `<state>/services/<name>.log` and records its pid in `<state>/services/<name>.pid`. The
 functions here never print; the CLI prints what they return. Starting, probing and stopping a process is
-`flows.procs`; the HTTP and port probes are `stages.net`.
+`services.procs`; the HTTP and port probes are `stages.net`.
 
 Host and ports come from `RLHF_HOST`, `RLHF_PREFECT_PORT`, `RLHF_MLFLOW_PORT` (loopback, 4200, 5000 by default).
-With `stores="postgres"` PostgreSQL and an S3 server start first, and the two servers use them (`flows.stores`).
+With `stores="postgres"` PostgreSQL and an S3 server start first, and the two servers use them (`services.stores`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
-from flows import stores as shared_stores
-from flows.prefect_tuning import server_batching
-from flows.procs import (
+from services import stores as shared_stores
+from services.prefect_tuning import server_batching
+from services.procs import (
     Service,
     forget,
     live_pid,
@@ -129,9 +129,9 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
     return {
         "prefect": Service(
             name="prefect",
-            # Prefect's app behind a Host check (`flows.prefect_server`: DNS rebinding), as `prefect server start`
+            # Prefect's app behind a Host check (`services.prefect_server`: DNS rebinding), as `prefect server start`
             # runs it.
-            argv=[sys.executable, "-m", "uvicorn", "--factory", "flows.prefect_server:create_app",
+            argv=[sys.executable, "-m", "uvicorn", "--factory", "services.prefect_server:create_app",
                   "--host", ep.bind_host, "--port", str(ep.prefect_port), "--lifespan", "on",
                   "--timeout-keep-alive", "5", "--log-level", "warning"],
             env=prefect_env,
@@ -159,7 +159,7 @@ def _services(state: Path, ep: _Endpoints, preset: str = "demo") -> dict[str, Se
         ),
         "serve": Service(
             name="serve",
-            argv=[sys.executable, "-m", "flows.cli", "serve", "--preset", preset],
+            argv=[sys.executable, "-m", "cli.main", "serve", "--preset", preset],
             env={**prefect_env, "PREFECT_API_URL": ep.prefect_api, "RLHF_HOME": str(state)},
             cwd=None,  # the caller's working directory, as if `rlhf serve` were run there
             url=ep.prefect_api,
@@ -206,7 +206,7 @@ def _serve_ready(prefect_api: str, started_at: float | None) -> bool:
 def up(state: Path, with_serve: bool = True, timeout_s: float = 90, preset: str = "demo",
        stores: str = "local") -> dict[str, str]:
     """Start the Prefect server, the MLflow server and (if `with_serve`) the deployment server in the background;
-    with `stores="postgres"`, on PostgreSQL and S3 started first (`flows.stores`) instead of SQLite and local files.
+    with `stores="postgres"`, on PostgreSQL and S3 started first (`services.stores`) instead of SQLite and local files.
 
     A service whose pid file names a live process is not started again (only waited for until it is healthy); a
     stale pid file is removed. Fails with RuntimeError, naming the URL, when a port is already taken by something
