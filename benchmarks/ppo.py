@@ -6,6 +6,9 @@ the same work per iteration as TRL's PPOv2 trainer. B prompts of exactly P token
 early stop, a reference, value and reward forward, then epochs x minibatches of policy + value forward/backward and
 optimizer steps; four random-init GPT-2 models (policy, frozen reference copy, value, reward) of `model.*` sizes.
 Any preset works (`--preset demo` measures the demo's shapes and PPO settings on the same synthetic prompts).
+
+Over 300 lines because the benchmark's config, its run and its printed report belong together: each figure it
+prints is computed next to the line that prints it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 (DDP, FSDP or DeepSpeed ZeRO, chosen by the Accelerate config file).
 
 `ProcessGroup` is the one API the loops ask of them: rank, world size, sum, max, gather, broadcast, barrier and
-prepare. With one process every collective is the identity, so the numbers are those of plain PyTorch. How a loop
-splits its batches over processes is the loop's own business: the supervised stages' helpers are in
-`rlhf_lib.training`, PPO's row sharding and rollout gathering in `rlhf_lib.ppo.sharding`.
+prepare, and this process's rows of a batch (`local_rows`, `row_shard`). With one process every collective is the
+identity and every process's rows are all the rows, so the numbers are those of plain PyTorch. The rest of how a loop
+splits its work is the loop's own: the supervised stages' helpers are in `rlhf_lib.training`, PPO's rollout
+gathering and gradient shares in `rlhf_lib.ppo.sharding`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -25,6 +27,7 @@ MIXED_PRECISION = ("no", "bf16", "fp16")
 # Seconds a collective waits for the other processes before failing, set by the launcher of a multi-node stage
 # (`resources.rdzv_timeout_s`): without it gloo waits 30 minutes and NCCL 10 for a node that died.
 TIMEOUT_ENV = "RLHF_PROCESS_GROUP_TIMEOUT_S"
+T = TypeVar("T")
 # The groups closed in a launched process, kept until it exits (`ProcessGroup.close`).
 _KEPT_UNTIL_EXIT: list[ProcessGroup] = []
 
@@ -114,6 +117,21 @@ class ProcessGroup:
         if self._acc:
             return self._acc.device
         return self._device
+
+    def local_rows(self, rows: T) -> T:
+        """This process's contiguous slice of `rows` (a list or the rows of a tensor); len(rows) % W must be 0."""
+        n, world = len(rows), self.world
+        if world == 1:
+            return rows
+        if n % world:
+            raise ValueError(f"{n} rows cannot be split evenly over {world} processes")
+        k = n // world
+        return rows[self.rank * k : (self.rank + 1) * k]
+
+    def row_shard(self, total: int) -> RowShard | None:
+        """This process's rows of a global batch of `total` rows, for sampling (`rlhf_lib.lm.generation.sample`):
+        None with one process."""
+        return None if self.world == 1 else RowShard(self.rank * (total // self.world), total, self)
 
     @property
     def shards_parameters(self) -> bool:
@@ -215,3 +233,25 @@ class ProcessGroup:
             _KEPT_UNTIL_EXIT.append(self)
             return
         self._acc.end_training()
+
+
+@dataclass
+class RowShard:
+    """Rows [start, start + n) of a global batch of `total` rows, held by this process, for `sample`."""
+
+    start: int
+    total: int
+    group: ProcessGroup
+
+    def uniforms(self, steps: int, n: int, generator: torch.Generator | None) -> Tensor:
+        """The uniforms of `sample`'s inverse-CDF draws for these n rows. Shape: (steps, n).
+
+        They are exactly those of sampling the whole batch in one process: drawing the (steps, total) block steps
+        the generator as one process does, and these rows get their columns of it.
+        """
+        return torch.rand((steps, self.total), generator=generator)[:, self.start : self.start + n]
+
+    def all_done(self, done: Tensor) -> bool:
+        """Whether every row of every process is done: all processes run the same number of steps."""
+        (alive,) = self.group.sum([float(not bool(done.all()))])
+        return alive == 0

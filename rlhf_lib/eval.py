@@ -89,7 +89,7 @@ def win_rate(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float
 
 
 def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
-    """Summary metrics of the policy against the SFT model (DESIGN section 4 names). `win_rate_vs_sft` is judged
+    """Summary metrics of the policy against the SFT model (the names of docs/reference.md). `win_rate_vs_sft` is judged
     by the gold judge (null without one); `rm_win_rate_vs_sft` by the reward model PPO optimised, so it measures
     how well PPO optimised the proxy, not whether the responses got better."""
     m: dict[str, float | None] = {

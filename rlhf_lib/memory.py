@@ -22,6 +22,9 @@ In bytes, per stage:
 Assumptions: every process holds whole models (DDP, as the stages launch; FSDP/DeepSpeed would shard them); rows run
 at full length (prompt + response = model.n_positions); a loaded checkpoint's vocabulary is not resized (GPT-2 gets
 one PAD row more: H parameters); attention runs as SDPA on a GPU (no T x T scores kept). "GB" here are GiB, the unit of GPU names: an "80 GB" A100 has 80 GiB.
+
+Over 300 lines because the estimate of every stage shares one model of bytes (weights, gradients, Adam,
+activations, runtime reserve); split, each stage's rule would lose the terms it shares with the others.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every metric the pipeline logs, the run it goes to, what it means, and what a bad value looks like (DESIGN 5.10).
+"""Every metric the pipeline logs, the run it goes to, what it means, and what a bad value looks like.
 
 The reference (`docs/reference.md`, `rlhf reference`) is generated from this registry, and tests check that every
 metric the loops log is in it. A `<name>` in a metric's name stands for a family (one metric per file, source or

@@ -7,6 +7,9 @@ functions here never print; the CLI prints what they return. Starting, probing a
 
 Host and ports come from `RLHF_HOST`, `RLHF_PREFECT_PORT`, `RLHF_MLFLOW_PORT` (loopback, 4200, 5000 by default).
 With `stores="postgres"` PostgreSQL and an S3 server start first, and the two servers use them (`services.stores`).
+
+Over 300 lines because the table of the services (argv, environment, readiness probe) and the up / down /
+status that walk it must agree on every field; they are kept in one file so that they change together.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ one machine. MLflow's and Prefect's databases are on PostgreSQL, MLflow's artifa
 
 The stores listen on loopback only, whatever `RLHF_HOST` says: only the MLflow and Prefect servers talk to them.
 Nothing here prints; `services.servers` starts and stops what `services()` describes.
+
+Over 300 lines because PostgreSQL and the S3 server start, probe and stop as a pair (MLflow needs both);
+the pair is one unit of `rlhf up --stores postgres`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Stage cache keys and lookups.
 
-A stage's key covers (DESIGN section 1): its own config section, the identities of its upstream artifacts
-(content digests), the fingerprint of its input data, and a hash of the source of the code it runs: every project
-module its stage module imports, directly or not (`stages.code_deps`). A hit needs a
-FINISHED MLflow run carrying that key whose artifacts are still there: its manifest matches the digest recorded at log
+A stage's key covers (docs/architecture.md, "What a cache key covers"): its own config section, the identities of
+its upstream artifacts (content digests), the fingerprint of its input data, and a hash of the source of the code it
+runs: every project module its stage module imports, directly or not (`stages.code_deps`). A hit needs a FINISHED
+MLflow run carrying that key whose artifacts are still there: its manifest matches the digest recorded at log
 time and lists no file the store lacks, so a deleted artifact is a miss, never a stale hit. A look-up reads tags,
 the manifest and a listing, never the model files: those are downloaded (once per machine, checked against the
 digest) only by a stage that runs on them (`stages.artifact_cache`).

@@ -1,9 +1,9 @@
 """Which project modules a stage's code depends on, read from the code itself.
 
 A stage's cache key covers the source of every project module its own module imports, directly or through other
-project modules, found by walking `import` statements with `ast` (DESIGN section 3). Imports anywhere count: at
-module level, inside functions (lazy imports) and under `TYPE_CHECKING`; over-counting costs a rerun, never a stale
-hit. The parent packages of each module count too (importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py`).
+project modules, found by walking `import` statements with `ast` (docs/architecture.md, "What a cache key
+covers"). Imports anywhere count: at module level, inside functions (lazy imports) and under `TYPE_CHECKING`;
+over-counting costs a rerun, never a stale hit. The parent packages of each module count too (importing `a.b.c` runs `a/__init__.py` and `a/b/__init__.py`).
 Modules outside the project packages (torch, transformers, ...) are covered by their versions instead.
 """
 
@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT_PACKAGES = ("rlhf_lib", "stages", "flows")
+PROJECT_PACKAGES = ("rlhf_lib", "stages", "flows", "services", "cli")
 
 
 def is_project(module: str) -> bool:

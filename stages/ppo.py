@@ -245,7 +245,7 @@ def ppo_stage(
 ) -> StageResult:
     """PPO against the frozen reward model and the other reward sources of `ppo.rewards` (`reward` is None when
     no source is a model), as a loop of rollout -> score -> gae -> update tasks."""
-    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
     data_dir = download(data.artifact_uri, data.digest)
     # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
     section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,

@@ -114,7 +114,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
 @flow(name="reward", flow_run_name="reward-{config.name}")
 def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
     """Train the reward model on ranked lists; report pairwise accuracy on held-out pairs."""
-    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
     data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)

@@ -81,11 +81,12 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
 @flow(name="sft", flow_run_name="sft-{config.name}")
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
-    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.base.follow)
+    ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
     data_dir = download(data.artifact_uri, data.digest)
     section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
-    # The tokenizer is trained on these three files, the model on the first; a local pretrained model by content.
-    fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences", "prompts_eval"))
+    # A fresh tokenizer is trained on these two files (`tokenizer_corpus`: no held-out file), the model on the
+    # first; a local pretrained model counts by its content.
+    fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences"))
     fingerprint += model_source_digest(config.model.name_or_path, config.model.revision)
     result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))
     return as_state(result)

@@ -96,3 +96,15 @@ def test_a_circle_would_be_found(monkeypatch):
     except AssertionError:
         return
     raise AssertionError("a planted circle lm.masked <-> lm.kl went unnoticed")
+
+
+def test_no_file_over_300_lines_without_a_reason_at_its_top():
+    long = []
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            if any(part.startswith(".") for part in path.relative_to(ROOT).parts):
+                continue
+            lines = path.read_text(encoding="utf-8").splitlines()
+            if len(lines) > 300 and "Over 300 lines because" not in "\n".join(lines[:40]):
+                long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
+    assert long == []

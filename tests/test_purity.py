@@ -1,4 +1,4 @@
-"""`rlhf_lib` is pure library code: it never imports Prefect or MLflow (DESIGN section 5.1)."""
+"""`rlhf_lib` is pure library code: it never imports Prefect or MLflow (docs/architecture.md)."""
 
 from __future__ import annotations
 

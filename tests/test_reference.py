@@ -1,5 +1,5 @@
 """docs/reference.md is what `rlhf reference` generates from the code, and every metric the loops log is in the
-metric registry it is generated from (DESIGN section 5.10)."""
+metric registry it is generated from (docs/architecture.md)."""
 
 from __future__ import annotations
 

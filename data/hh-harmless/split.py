@@ -1,4 +1,4 @@
-"""Split the shipped HH-RLHF harmless sample into train / validation / test files (data/README.md, "HH harmless").
+"""Split the shipped HH-RLHF harmless sample into train / validation / test files (docs/data.md, "HH harmless").
 
 The rule: a row goes by the sha256 of its first human turn (the conversation's opening request, so rows that open
 the same conversation land in the same file), read as a number modulo 10: 0-6 train, 7 validation, 8-9 test. Rows

@@ -1,5 +1,5 @@
 """The arithmetic task: "What is 37 + 48?" in HH format, an answer the exact-match reward can verify, noisy
-demonstrations, and a split over operand ranges. See data/README.md.
+demonstrations, and a split over operand ranges. See docs/data.md.
 
 It lives next to the demo task, inside the package, so that an installed `rlhf` can build its data.
 """

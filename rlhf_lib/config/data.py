@@ -20,7 +20,7 @@ ARITH_MAX_RESPONSES = 7
 
 
 class DataConfig(Section):
-    """A built-in task (demo or arithmetic, see data/README.md); paths override it with user data."""
+    """A built-in task (demo or arithmetic, see docs/data.md); paths override it with user data."""
 
     task: Literal["demo", "arithmetic"] = Field(
         "demo", description="Built-in task when no user data is set: demo (advice prompts, a hidden gold judge) or "

@@ -1,6 +1,6 @@
 """The synthetic demo task: HH-format prompts, a response generator, a hidden gold judge, and the data builder.
 
-See data/README.md. It lives inside the package so that an installed `rlhf` can build its own demo data.
+See docs/data.md. It lives inside the package so that an installed `rlhf` can build its own demo data.
 """
 
 from __future__ import annotations

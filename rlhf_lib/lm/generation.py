@@ -20,8 +20,8 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
 
 
 class RowShard(Protocol):
-    """This process's rows of a batch sampled across processes (`rlhf_lib.ppo.sharding.RowShard` is the one PPO
-    passes): the uniforms of its rows, drawn as the whole batch would draw them, and whether every row of every
+    """This process's rows of a batch sampled across processes (`rlhf_lib.distributed.RowShard`, from
+    `ProcessGroup.row_shard`): the uniforms of its rows, drawn as the whole batch would draw them, and whether every row of every
     process has stopped."""
 
     def uniforms(self, steps: int, n: int, generator: torch.Generator | None) -> torch.Tensor: ...
@@ -130,7 +130,7 @@ def sample(
     its mask 0 and its log-probs 0. The EOS itself is a real token (mask 1): the policy must get credit for
     stopping. With `stop_at_eos=False` every row runs `max_new_tokens` tokens (benchmarks). With `shard` (under
     `accelerate launch`) the rows are this process's slice of a global batch, and the tokens and the number of
-    steps are those of sampling the whole batch in one process (see `rlhf_lib.ppo.sharding`).
+    steps are those of sampling the whole batch in one process (`rlhf_lib.distributed.RowShard`).
 
     Per token: one model call on the KV cache (preallocated, so nothing is copied as it grows), a log-softmax of
     (B, V), and a write into preallocated outputs. The uniforms for all steps are drawn at once from `generator`

@@ -11,7 +11,6 @@ import torch
 from rlhf_lib.data.collate import sft_batch
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.lm.scoring import no_cache
-from rlhf_lib.ppo.sharding import local_rows
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel
@@ -53,7 +52,7 @@ def ptx_share(policy: PreTrainedModel, batch: dict[str, torch.Tensor], group: Pr
     (the loss is a token mean): the whole batch and 1 in one process. Every row has a response token (its EOS)."""
     if group.world == 1:
         return ptx_loss(policy, batch), 1.0
-    local = {k: local_rows(v, group) for k, v in batch.items()}
+    local = {k: group.local_rows(v) for k, v in batch.items()}
     return ptx_loss(policy, local), _label_tokens(local) / _label_tokens(batch)
 
 

@@ -21,7 +21,7 @@ from rlhf_lib.ppo.lora import adapters_off, add_lora, merged_copy
 from rlhf_lib.ppo.ptx import PtxSampler
 from rlhf_lib.ppo.sampler import PromptSampler
 from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts
-from rlhf_lib.ppo.sharding import check_sizes, local_rows, prepare_models, row_shard
+from rlhf_lib.ppo.sharding import check_sizes, prepare_models
 from rlhf_lib.ppo.types import BestPolicy, PPOModels
 from rlhf_lib.ppo.vllm_engine import rollout_engine
 from rlhf_lib.rewards.combine import RewardSet
@@ -150,13 +150,13 @@ class PPOSetup:
         total = 0.0
         for i in range(0, len(prompts), c.batch_size):
             chunk = prompts[i : i + c.batch_size]
-            local = local_rows(chunk, self.group)
+            local = self.group.local_rows(chunk)
             query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
             with adapters_off(self.peft), self.precision():
                 response, response_mask, _ = sample(
                     self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
-                    shard=row_shard(self.group, len(chunk)),
+                    shard=self.group.row_shard(len(chunk)),
                 )
             with self.precision():
                 total += float(self.rewards(local, query, query_mask, response, response_mask).total.sum())

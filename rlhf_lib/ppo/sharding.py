@@ -3,10 +3,10 @@
 Every process builds the same trainer from the same seed, so the prompt sampler and the trainer's generator step
 identically everywhere. Per phase, with a global rollout of B rows:
 
-  1. generate   process r samples its contiguous slice of the B prompts (`local_rows`). Its random draws are its
-                rows of the draws one process makes for the whole batch (`RowShard`), and every process runs the same
-                number of token steps (until every row of every process is done), so the generator streams stay
-                equal and the tokens are those of one process.
+  1. generate   process r samples its contiguous slice of the B prompts (`ProcessGroup.local_rows`). Its random
+                draws are its rows of the draws one process makes for the whole batch (`ProcessGroup.row_shard`),
+                and every process runs the same number of token steps (until every row of every process is done),
+                so the generator streams stay equal and the tokens are those of one process.
   2. score      reference log-probs, values and RM scores of the local rows: no communication.
      gather     the scored rows are all-gathered into the global rollout (`gather_rollout`), queries left-padded and
                 responses right-padded to the widest, which is exactly the rollout one process would hold. It is
@@ -25,8 +25,7 @@ With one process every function here is the identity and the trainer runs its or
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
     from rlhf_lib.ppo.critic import Critic
     from rlhf_lib.ppo.types import Rollout
 
-T = TypeVar("T")
 # Rollout fields gathered after scoring, and what pads them: a query is left-padded, the rest right-padded.
 _RESPONSE_FIELDS = ("response_mask", "logprobs", "ref_logprobs", "values")
 
@@ -62,44 +60,6 @@ def check_sizes(cfg: PPOConfig, world: int) -> None:
     for bad, message in checks:
         if bad:
             raise ValueError(message)
-
-
-def local_rows(rows: T, group: ProcessGroup) -> T:
-    """This process's contiguous slice of `rows` (a list or the rows of a tensor); len(rows) % W must be 0."""
-    n, world = len(rows), group.world
-    if world == 1:
-        return rows
-    if n % world:
-        raise ValueError(f"{n} rows cannot be split evenly over {world} processes")
-    k = n // world
-    return rows[group.rank * k : (group.rank + 1) * k]
-
-
-@dataclass
-class RowShard:
-    """Rows [start, start + n) of a global batch of `total` rows, held by this process, for `sample`."""
-
-    start: int
-    total: int
-    group: ProcessGroup
-
-    def uniforms(self, steps: int, n: int, generator: torch.Generator | None) -> Tensor:
-        """The uniforms of `sample`'s inverse-CDF draws for these n rows. Shape: (steps, n).
-
-        They are exactly those of sampling the whole batch in one process: drawing the (steps, total) block steps
-        the generator as one process does, and these rows get their columns of it.
-        """
-        return torch.rand((steps, self.total), generator=generator)[:, self.start : self.start + n]
-
-    def all_done(self, done: Tensor) -> bool:
-        """Whether every row of every process is done: all processes run the same number of steps."""
-        (alive,) = self.group.sum([float(not bool(done.all()))])
-        return alive == 0
-
-
-def row_shard(group: ProcessGroup, total: int) -> RowShard | None:
-    """This process's rows of a global batch of `total` rows for `sample`; None with one process."""
-    return None if group.world == 1 else RowShard(group.rank * (total // group.world), total, group)
 
 
 def _padded(x: Tensor, width: int, pad: float, left: bool = False) -> Tensor:

@@ -25,7 +25,7 @@ from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.metrics import advantage_stats, response_stats, update_stats
 from rlhf_lib.ppo.setup import PPOSetup
 from rlhf_lib.ppo.shaping import shape_scores, truncate_after_eos
-from rlhf_lib.ppo.sharding import gather_rollout, local_rows, row_shard
+from rlhf_lib.ppo.sharding import gather_rollout
 from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import ppo_epochs
 from rlhf_lib.rewards.combine import part_stats
@@ -69,7 +69,7 @@ class PPOTrainer(PPOSetup):
         # Critic-free estimators compare k samples of one prompt, so each prompt is drawn once and repeated k times.
         k = 1 if c.has_critic else c.group_size
         prompts = [p for p in self.sampler.next(c.batch_size // k) for _ in range(k)]
-        local = local_rows(prompts, self.group)  # this process's rows: all of them in one process
+        local = self.group.local_rows(prompts)  # this process's rows: all of them in one process
         tok = self.models.tokenizer
         query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
         if self.engine is not None:
@@ -82,7 +82,7 @@ class PPOTrainer(PPOSetup):
                 response, response_mask, logprobs = sample(
                     self.models.policy, query, query_mask, max_new_tokens=c.max_new_tokens,
                     temperature=c.temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                    generator=self.generator, stop_at_eos=c.stop_at_eos, shard=row_shard(self.group, len(prompts)),
+                    generator=self.generator, stop_at_eos=c.stop_at_eos, shard=self.group.row_shard(len(prompts)),
                 )
             if self.recompute_logprobs:
                 logprobs = self._policy_logprobs(query, query_mask, response, response_mask)

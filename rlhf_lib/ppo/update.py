@@ -19,7 +19,7 @@ from rlhf_lib.ppo.losses import policy_loss, value_loss
 from rlhf_lib.lm.masked import masked_mean
 from rlhf_lib.ppo.ptx import PtxBatches, ptx_share
 from rlhf_lib.lm.scoring import Entropy
-from rlhf_lib.ppo.sharding import backward_share, local_rows, summed
+from rlhf_lib.ppo.sharding import backward_share, summed
 from rlhf_lib.ppo.types import Rollout
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
@@ -152,7 +152,7 @@ def ppo_epochs(
         for start in range(0, b_size, mb_size):
             mb_idx = b_perm[start : start + mb_size]
             mb_tokens = float(rollout.response_mask[mb_idx].sum())
-            rows = local_rows(mb_idx, group)  # this process's rows of the minibatch: all of them in one process
+            rows = group.local_rows(mb_idx)  # this process's rows of the minibatch: all of them in one process
             parts = micro_batches(rollout, rows, cfg)
             optimizer.zero_grad(set_to_none=True)
             mb_stats: dict[str, float] = defaultdict(float)

@@ -115,3 +115,24 @@ def test_a_deployment_run_may_name_code_only_where_the_host_allows_it(served):
                         "--watch")
     assert out.returncode == 0 and "Completed" in out.stdout, out.stdout[-2000:]
     (state / "allow-code.txt").unlink()
+
+
+def test_the_demo_ends_with_its_figures_and_where_to_look(served):
+    """`make demo`'s last lines (`cli.demo.run_demo`, here on the micro preset): the short table of held-out
+    figures with intervals, the report's local path (a file that exists) and its MLflow page, the MLflow run, the
+    Prefect flow run; no dump of the parameters."""
+    state, env = served
+    code = ("import sys\nfrom pathlib import Path\nfrom cli.demo import run_demo\nfrom services.servers import urls\n"
+            f"sys.exit(run_demo(urls(Path({str(state)!r}))))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    lines = out.stdout.splitlines()
+    start = lines.index("held-out figures (95 % intervals):")
+    assert lines[start + 1].split()[:5] == ["reward", "model:", "held-out", "pair", "accuracy"]
+    assert re.search(r"PPO vs SFT: gold judge's win rate +[0-9.]+ \[[0-9.]+, [0-9.]+\]", out.stdout), out.stdout
+    reports = [ln.split(None, 1)[1] for ln in lines if ln.startswith("report:")]
+    assert Path(reports[0]).is_file() and reports[0].endswith("report/report.html"), reports
+    assert reports[1].startswith("http://127.0.0.1:") and reports[1].endswith("/artifacts/report/report.html")
+    assert any(ln.startswith("MLflow:  http://127.0.0.1:") for ln in lines)
+    assert any(ln.startswith("Prefect: http://127.0.0.1:") for ln in lines)
+    assert '"parameters"' not in out.stdout and lines[-1] == "Stop the services with `make down`."

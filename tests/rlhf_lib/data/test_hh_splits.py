@@ -1,5 +1,5 @@
 """The shipped HH harmless splits (data/hh-harmless/): every row sits in the file its documented rule names, no
-opening request is in two files, and the counts are those data/README.md gives."""
+opening request is in two files, and the counts are those docs/data.md gives."""
 
 from __future__ import annotations
 

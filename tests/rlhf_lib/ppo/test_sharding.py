@@ -9,7 +9,8 @@ import torch
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.lm.generation import encode_prompts, sample
-from rlhf_lib.ppo.sharding import RowShard, check_sizes
+from rlhf_lib.distributed import RowShard
+from rlhf_lib.ppo.sharding import check_sizes
 
 
 def test_each_shard_samples_the_tokens_of_one_process_and_steps_the_generator_alike(tiny_tokenizer, tiny_policy):
