@@ -116,6 +116,12 @@ REWARD = (
        "accuracy (the reward run's rm_report/ has it by margin, judge term and category)"),
     _m("reward/truncated_prompts reward/truncated_responses", "prompts and responses cut to fit `reward.max_length`",
        "many: the RM may not see what tells the responses apart"),
+    _m("reward/baseline/<baseline>_accuracy", "with `reward.baselines`: the held-out accuracy of each cheap baseline "
+       "on the same pairs (shorter, loglik: the policy's zero-shot log-likelihood, ngram: a bag-of-n-grams logistic "
+       "regression, probe: a linear probe on the frozen base model; rlhf_lib/baselines.py)",
+       "at or above reward/heldout_accuracy: the RM adds nothing a cheap rule has"),
+    _m("reward/baseline/<baseline>_lead", "the RM's accuracy minus the baseline's on the same pairs (its paired 95 % "
+       "interval is in rm_report/report.json)", "<= 0 for loglik: alarm rm_no_edge (ppo.require_rm_edge refuses PPO)"),
 )
 
 DATA = (

@@ -135,6 +135,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         history = ppo_history(upstream["ppo"].mlflow_run_id, cfg)
         tags = ppo_tags(upstream["ppo"].mlflow_run_id)
         alarms = ppo_alarms(tags)
+        if (rm := upstream.get("reward")) is not None and rm.mlflow_run_id:  # raised before PPO: rm_no_edge
+            alarms = [f"reward stage: {a}" for a in ppo_alarms(ppo_tags(rm.mlflow_run_id))] + alarms
         summary["alarms"] = alarms
         if "rlhf.kept" in tags:  # ppo.keep: which iteration's policy this is
             kept = tags["rlhf.kept"]

@@ -49,7 +49,7 @@ from stages.launch import default_config, run_job
 from stages.rendezvous import FollowerDone
 from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
 from stages.retry import transient
-from stages.tracking import StageRun
+from stages.tracking import RetryingClient, StageRun
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 
@@ -239,6 +239,27 @@ def launch_task(job: PPOJob, cfg: PipelineConfig, sink: PPORunSink, workdir: Pat
             launch_id=launch_id)
 
 
+def rm_edge(cfg: PipelineConfig, reward: StageResult) -> str | None:
+    """The reward run's alarm `rm_no_edge` (the RM does not beat the policy's zero-shot log-likelihood on its
+    held-out pairs: `rlhf_lib.baselines`), read before PPO starts. With `ppo.require_rm_edge` PPO is refused: when
+    the alarm is there, and when the reward run has no baseline figures to judge by (reward.baselines off, or a
+    model from elsewhere). Returns the alarm's text (a warning), or None."""
+    tags, metrics = {}, {}
+    if reward.mlflow_run_id:
+        data = RetryingClient().get_run(reward.mlflow_run_id).data
+        tags, metrics = data.tags, data.metrics
+    alarm = tags.get("rlhf.alarm.rm_no_edge")
+    where = f"reward run {reward.mlflow_run_id or '(none)'} ({reward.source or reward.model_uri or 'this pipeline'})"
+    if cfg.ppo.require_rm_edge:
+        if alarm:
+            raise ValueError(f"ppo.require_rm_edge: {alarm} ({where}); PPO would optimise a reward that ranks no "
+                             "better than what the policy already prefers")
+        if "reward/baseline/loglik_accuracy" not in metrics:
+            raise ValueError(f"ppo.require_rm_edge: {where} has no baseline figures to judge the reward model by "
+                             "(reward/baseline/loglik_accuracy); train it with reward.baselines=true")
+    return alarm
+
+
 @flow(name="ppo", flow_run_name="ppo-{config.name}")
 def ppo_stage(
     config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult | None
@@ -246,6 +267,8 @@ def ppo_stage(
     """PPO against the frozen reward model and the other reward sources of `ppo.rewards` (`reward` is None when
     no source is a model), as a loop of rollout -> score -> gae -> update tasks."""
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
+    if reward is not None and (alarm := rm_edge(config, reward)):
+        get_run_logger().warning("ppo: the reward stage raised alarm rm_no_edge: %s", alarm)
     data_dir = download(data.artifact_uri, data.digest)
     # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
     section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,

@@ -7,7 +7,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from prefect import flow
+import numpy as np
+from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
@@ -26,6 +27,16 @@ from rlhf_lib.models import (
     load_tokenizer,
     same_tokenizer,
 )
+from rlhf_lib.baselines import (
+    baseline_metrics,
+    baseline_rows,
+    edge_verdict,
+    linear_probe,
+    ngram_regression,
+    prefer_shorter,
+    training_pairs,
+    zero_shot_loglik,
+)
 from rlhf_lib.reward import launched, pair_scores, train_reward_model
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
@@ -42,6 +53,7 @@ from stages.tracking import StageRun
 
 
 REWARD_LOOP = Loop(train_reward_model, launched, lambda path, tok: build_scalar_model(path))
+
 
 def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None):
     """The untrained reward model and its tokenizer: from `reward.name_or_path` (its own tokenizer), from the SFT
@@ -70,6 +82,32 @@ def own_rendering(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, tokenizer)
         return None
     policy_tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
     return reward_rendering(table, same_tokenizer(policy_tokenizer, tokenizer), tokenizer, cfg.data.render)
+
+
+def _baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, examples: list, pairs: list,
+               rm_right: np.ndarray, device) -> tuple[list[dict], dict]:
+    """The cheap baselines beside the trained RM on its held-out pairs (`rlhf_lib.baselines`), and whether it beats
+    the policy's zero-shot log-likelihood. The log-likelihood reads the policy's own text with the SFT model; the
+    probe reads the RM's starting point (its base model, frozen) on the pairs as the RM reads them."""
+    r = cfg.reward
+    precision = autocast(device, cfg.resources.mixed_precision)
+    train = training_pairs(examples, r.baseline_train_pairs, r.seed)
+    verdicts = [prefer_shorter(pairs), ngram_regression(train, pairs, r.seed)]
+    policy, policy_tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
+    policy = policy.to(device).eval()
+    raw = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows  # the same pairs, in the policy's text
+    with precision():
+        verdicts.append(zero_shot_loglik(policy, policy_tokenizer, raw, fit_length(r.max_length, policy),
+                                         batch_size=8))
+    del policy
+    base, tokenizer = build_reward(cfg, sft_dir)  # the RM before training: its backbone's features
+    base = base.to(device).eval()
+    with precision():
+        verdicts.append(linear_probe(base, tokenizer, train, pairs, fit_length(r.max_length, base),
+                                     r.eval_batch_size, r.seed))
+    rows = baseline_rows(rm_right, verdicts, r.seed)
+    beats, text = edge_verdict(float(rm_right.mean()), rows)
+    return rows, {"beats_loglik": beats, "text": text}
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult):
@@ -101,6 +139,15 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         report = rm_report(pairs, chosen, rejected, gold_breakdown if has_judge(data_dir) else None)
         final["reward/heldout_accuracy"] = report["accuracy"]
         final["reward/heldout_accuracy_ci95_low"], final["reward/heldout_accuracy_ci95_high"] = report["ci95"]
+        if cfg.reward.baselines:
+            report["baselines"], report["edge"] = _baselines(cfg, data_dir, sft_dir, examples, pairs,
+                                                             np.asarray(chosen) > np.asarray(rejected), device)
+            final.update(baseline_metrics(report["baselines"]))
+            if not report["edge"]["beats_loglik"]:
+                alarm = ("the reward model does not beat the policy's zero-shot log-likelihood: "
+                         f"{report['edge']['text']}")
+                get_run_logger().warning("reward: alarm rm_no_edge: %s", alarm)
+                run.set_tags({"rlhf.alarm.rm_no_edge": alarm})
         run.log_metrics(final, step=0)
         with tempfile.TemporaryDirectory(prefix="rlhf-rm-report-") as tmp:
             (Path(tmp) / "report.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))

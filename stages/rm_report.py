@@ -21,10 +21,24 @@ def _rows(items: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
             for it in items]
 
 
+def _baseline_section(report: dict[str, Any]) -> list[str]:
+    """The baselines beside the model on the same pairs (`rlhf_lib.baselines`), and the edge verdict."""
+    if not report.get("baselines"):
+        return []
+    rows = [{"baseline": b["name"], "accuracy [95 %]": with_interval(b["accuracy"], b["ci95"]),
+             "reward model's lead [95 %]": with_interval(b["rm_lead"], b["rm_lead_ci95"]), "how": b.get("detail", "")}
+            for b in report["baselines"]]
+    edge = report["edge"]
+    verdict = ("beats" if edge["beats_loglik"] else "<b>does not beat</b> (alarm rm_no_edge)")
+    return ["<h2>Baselines on the same pairs</h2>", _table(rows),
+            f"<p>The reward model {verdict} the policy's zero-shot log-likelihood: {html.escape(edge['text'])}.</p>"]
+
+
 def render_rm_report(name: str, report: dict[str, Any], chosen: Sequence[float], rejected: Sequence[float]) -> str:
     """The report page: accuracy, by margin, by judge term, by category, the score plot, the confident mistakes."""
     sections = [f"<h2>Held-out pairwise accuracy</h2><p>{report['pairs']} pairs: "
                 f"{html.escape(with_interval(report['accuracy'], report['ci95']))}</p>",
+                *_baseline_section(report),
                 "<h2>Accuracy by |score margin| (is it surer when it is right?)</h2>"
                 f"{_table(_rows(report['by_margin'], 'margin'))}"]
     if report.get("by_term"):

@@ -136,6 +136,10 @@ class PPOConfig(Section):
     alarm_after: int = Field(5, ge=0, description="Warm-up iterations before the entropy and critic alarms apply.")
     stop_on_alarm: bool = Field(False, description="End the PPO loop cleanly at the first alarm; the policy of the "
                                 "last completed iteration is registered.")
+    require_rm_edge: bool = Field(False, description="Refuse to start PPO when the reward model does not beat the "
+                                  "policy's zero-shot log-likelihood on its held-out pairs (the reward stage's "
+                                  "rm_no_edge alarm, reward.baselines): PPO would optimise a reward that ranks no "
+                                  "better than what the policy already prefers. Off: the alarm is a warning.")
     rollout_engine: Annotated[Literal["hf", "vllm"], AfterValidator(require_engine)] = Field(
         "hf", description="Rollout generator: hf (our sampling loop, log-probs from the sampling step) or vllm "
         "(GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")

@@ -107,6 +107,13 @@ class RewardConfig(LoRAKeys):
     seed: int = Field(0, description="Seed of data order and the scalar head.")
     eval_batch_size: int = Field(64, ge=1, description="Held-out pairs per forward pass when the trained reward "
                                  "model's accuracy is measured: caps its activation memory; the same results.")
+    baselines: bool = Field(True, description="Score the cheap baselines on the held-out pairs beside the reward "
+                            "model (prefer shorter, the policy's zero-shot log-likelihood, an n-gram logistic "
+                            "regression and a linear probe on the frozen base model; rlhf_lib/baselines.py), in the "
+                            "report and as reward/baseline/* metrics; a reward model that does not beat the "
+                            "log-likelihood raises the alarm rm_no_edge.")
+    baseline_train_pairs: int = Field(2000, ge=10, description="Training pairs (drawn from the ranked lists with "
+                                      "reward.seed) the n-gram regression and the linear probe are fit on.")
     name_or_path: str | None = Field(None, description="Base model of the reward model (hub name or local "
                                      "directory), with its own tokenizer; null = from the policy's (see init_from_sft).")
     revision: str | None = Field(None, description="Git revision of a hub reward base model.")

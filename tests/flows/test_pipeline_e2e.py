@@ -302,3 +302,47 @@ def _rewards_file(tmp_path, *sources, name="rewards.yaml"):
     path = tmp_path / name
     path.write_text(json.dumps({"ppo": {"rewards": list(sources)}}))
     return path
+
+
+def test_the_reward_report_puts_the_baselines_beside_the_model(first):
+    """reward.baselines (on by default): the four cheap baselines on the same held-out pairs, in the metrics and in
+    rm_report/report.json with the RM's lead; the PPO stage reads the verdict before it starts (rm_edge)."""
+    from stages.cache import StageResult
+    from stages.ppo import rm_edge
+
+    client = MlflowClient()
+    run_id = first["stages"]["reward"]["mlflow_run_id"]
+    metrics = client.get_run(run_id).data.metrics
+    keys = ("shorter", "ngram", "loglik", "probe")  # the report's order
+    assert {f"reward/baseline/{k}_accuracy" for k in keys} | {f"reward/baseline/{k}_lead" for k in keys} <= set(metrics)
+    for k in keys:  # the lead is the difference of the two accuracies on the same pairs
+        lead = metrics["reward/heldout_accuracy"] - metrics[f"reward/baseline/{k}_accuracy"]
+        assert metrics[f"reward/baseline/{k}_lead"] == pytest.approx(lead)
+    local = client.download_artifacts(run_id, "rm_report/report.json")
+    report = json.loads(Path(local).read_text())
+    assert [b["key"] for b in report["baselines"]] == list(keys)
+    assert all(b["pairs"] == report["pairs"] for b in report["baselines"])
+    beats = report["edge"]["beats_loglik"]
+    assert beats == (metrics["reward/baseline/loglik_lead"] > 0)
+    tags = client.get_run(run_id).data.tags
+    assert ("rlhf.alarm.rm_no_edge" in tags) == (not beats)
+    reward = StageResult(stage="reward", status="cached", cache_key="", mlflow_run_id=run_id, artifact_uri="",
+                         digest="")
+    strict = load_config("micro", None, ["ppo.require_rm_edge=true"])
+    if beats:
+        assert rm_edge(strict, reward) is None
+    else:
+        with pytest.raises(ValueError, match="ppo.require_rm_edge"):
+            rm_edge(strict, reward)
+    nothing = reward.model_copy(update={"mlflow_run_id": ""})  # a model from elsewhere: no figures to judge by
+    with pytest.raises(ValueError, match="no baseline figures"):
+        rm_edge(strict, nothing)
+    assert rm_edge(load_config("micro", None, []), nothing) is None  # off: nothing refused
+    # A run that raised the alarm (planted): warned about by default, refused with ppo.require_rm_edge.
+    planted = client.create_run(client.get_run(run_id).info.experiment_id,
+                                tags={"rlhf.alarm.rm_no_edge": "planted: 0.50 against 0.55"})
+    client.set_terminated(planted.info.run_id)
+    alarmed = reward.model_copy(update={"mlflow_run_id": planted.info.run_id})
+    assert rm_edge(load_config("micro", None, []), alarmed) == "planted: 0.50 against 0.55"
+    with pytest.raises(ValueError, match="ppo.require_rm_edge: planted"):
+        rm_edge(strict, alarmed)
