@@ -4,6 +4,7 @@ and, where the task has one, the gold judge."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -170,5 +171,44 @@ def evaluate(
     kw = {"chunk": chunk, "terms": terms}
     pol = generate_and_score(policy, sft, *args, **kw)
     base = generate_and_score(sft, sft, *args, **kw)
-    return EvalResult(compare(pol, base), sample_rows(prompts, pol, base, cfg.samples_in_report),
-                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, intervals(pol, base))
+    metrics, bounds = compare(pol, base), intervals(pol, base)
+    if cfg.best_of:
+        more, more_bounds = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk, pol)
+        metrics.update(more)
+        bounds.update(more_bounds)
+    return EvalResult(metrics, sample_rows(prompts, pol, base, cfg.samples_in_report),
+                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, bounds)
+
+
+def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+              cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, chunk: int | None,
+              policy: Generations) -> tuple[dict[str, float | None], dict[str, tuple[float, float]]]:
+    """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
+    prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
+    reward sources score highest kept, judged like the policy's replies on the same prompts. Per n: the kept replies'
+    reward and gold means, PPO's lead over them in gold and its win rates (gold, reward), each with a bootstrap
+    interval over prompts; and the best-of-n policy's KL to SFT, log n - (n - 1) / n (Stiennon et al. 2020)."""
+    m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
+    sub = list(prompts[:m])
+    draws = [generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
+                                max_prompt_tokens, judge, chunk=chunk) for k in range(max(cfg.best_of))]
+    scores = torch.stack([d.scores for d in draws], 1)  # (m, max n)
+    lengths = torch.stack([d.lengths for d in draws], 1)
+    gold = torch.tensor([d.gold for d in draws], dtype=torch.float32).T if judge else None  # (m, max n)
+    rows: dict[str, list[float]] = {}
+    out: dict[str, float | None] = {"best_of_prompts": float(m)}
+    rows_idx = torch.arange(m)
+    for n in sorted(set(cfg.best_of)):
+        pick = scores[:, :n].argmax(1)  # the first of equal scores
+        kept = scores[rows_idx, pick]
+        rows[f"best_of_{n}_reward_mean"] = kept.tolist()
+        rows[f"best_of_{n}_response_length_mean"] = lengths[rows_idx, pick].tolist()
+        rows[f"rm_win_rate_vs_best_of_{n}"] = win_indicators(policy.scores[:m], kept).tolist()
+        if gold is not None and policy.gold is not None:
+            kept_gold, pol_gold = gold[rows_idx, pick], torch.tensor(policy.gold[:m], dtype=torch.float32)
+            rows[f"best_of_{n}_gold_mean"] = kept_gold.tolist()
+            rows[f"gold_lead_over_best_of_{n}"] = (pol_gold - kept_gold).tolist()
+            rows[f"win_rate_vs_best_of_{n}"] = win_indicators(pol_gold, kept_gold).tolist()
+        out[f"best_of_{n}_kl"] = math.log(n) - (n - 1) / n
+    out |= {k: sum(v) / len(v) for k, v in rows.items()}
+    return out, {k: mean_interval(v) for k, v in rows.items()}

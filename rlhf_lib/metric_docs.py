@@ -153,6 +153,17 @@ EVAL = (
     _m("eval/gold_<term>_mean eval/gold_<term>_mean_sft", "each term of the gold judge (topic, detail, tone, "
        "length, ending, repetition) for policy and SFT samples (demo task)", "the policy below SFT on a term, "
        "above all on topic: PPO traded it for what the RM rewards"),
+    _m("eval/best_of_prompts", "with `eval.best_of`: the eval prompts (the first `eval.best_of_prompts`) that got "
+       "best-of-n samples"),
+    _m("eval/best_of_<n>_reward_mean eval/best_of_<n>_gold_mean eval/best_of_<n>_response_length_mean",
+       "best-of-n from SFT (n samples, the one the reward sources score highest kept): its reward, gold score (demo "
+       "task) and length on those prompts", "gold falling as n grows: the RM is being over-optimised already"),
+    _m("eval/best_of_<n>_kl", "the KL of the best-of-n policy to SFT, log n - (n-1)/n nats: compare with "
+       "eval/kl_to_ref"),
+    _m("eval/gold_lead_over_best_of_<n> eval/win_rate_vs_best_of_<n> eval/rm_win_rate_vs_best_of_<n>",
+       "PPO against best-of-n on the same prompts: its gold lead (mean of the per-prompt difference) and win rates "
+       "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
+       "its KL than sampling and reranking"),
     _m("eval/<figure>_ci95_low eval/<figure>_ci95_high", "95 % interval of each held-out figure: a seeded bootstrap "
        "over prompts (means, win rates), Wilson's (shares: no_eos_frac, reward_model_accuracy)",
        "two runs whose intervals overlap cannot be told apart"),

@@ -130,6 +130,13 @@ class EvalConfig(Section):
     seed: int = Field(1234, description="Seed of held-out sampling (the same for SFT and policy).")
     batch_size: int = Field(64, ge=1, description="Held-out prompts per sampling and scoring batch: caps the eval's "
                             "activation memory (the seeded draws are per batch, so it is part of the samples' seed).")
+    best_of: list[Annotated[int, Field(ge=2)]] = Field([4, 16], description="Best-of-n baselines: n samples "
+                                                       "of the SFT model per prompt, the one the reward sources score "
+                                                       "highest kept (Gao et al. 2023), judged like PPO's replies "
+                                                       "(best_of_<n>_* metrics; KL log n - (n-1)/n). [] = none.")
+    best_of_prompts: int | None = Field(128, ge=1, description="The first this many eval prompts get the best-of-n "
+                                        "samples (max(best_of) SFT samples each); PPO is compared with them on the "
+                                        "same prompts. null = every eval prompt.")
 
 
 class ResourcesConfig(Section):

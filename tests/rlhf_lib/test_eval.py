@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlhf_lib.eval import Generations, compare, win_rate
@@ -28,3 +29,41 @@ def test_without_a_judge_only_the_rm_judges():
 def test_with_a_judge_both_are_reported():
     m = compare(gens([2.0, 0.0], gold=[0.5, 0.5]), gens([1.0, 1.0], gold=[0.0, 1.0]))
     assert m["win_rate_vs_sft"] == 0.5 and m["rm_win_rate_vs_sft"] == 0.5 and m["gold_reward_mean"] == 0.5
+
+
+def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tiny_policy):
+    """Hand check of `best_of_n`: draw k is `generate_and_score` seeded eval.seed + 1 + k; per prompt the kept reply
+    is the argmax of the reward over the first n draws, and PPO's lead is its gold minus the kept reply's."""
+    import math
+    from types import SimpleNamespace
+
+    from rlhf_lib.config import EvalConfig
+    from rlhf_lib.eval import best_of_n, generate_and_score
+    from rlhf_lib.lm.generation import decode_responses
+
+    tok = tiny_tokenizer
+
+    def rewards(prompts, q, qm, r, rm):  # a stand-in reward source: the reply's length in characters
+        total = torch.tensor([float(len(t)) for t in decode_responses(tok, r, rm)])
+        return SimpleNamespace(total=total, parts={"rm": total})
+
+    def judge(prompt, text):  # a stand-in gold judge: how many "topic" words
+        return float(text.count("topic"))
+
+    prompts = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(5)]
+    cfg = EvalConfig(max_new_tokens=6, temperature=1.0, best_of=[2, 3], best_of_prompts=4, batch_size=2)
+    draws = [generate_and_score(tiny_policy, tiny_policy, rewards, tok, prompts[:4],
+                                cfg.model_copy(update={"seed": cfg.seed + 1 + k}), 32, judge) for k in range(3)]
+    policy = generate_and_score(tiny_policy, tiny_policy, rewards, tok, prompts, cfg, 32, judge)
+    got, bounds = best_of_n(tiny_policy, rewards, tok, prompts, cfg, 32, judge, None, policy)
+    assert got["best_of_prompts"] == 4.0
+    for n in (2, 3):
+        kept = [max(range(n), key=lambda k: (float(draws[k].scores[i]), -k)) for i in range(4)]  # first of equals
+        gold = [draws[k].gold[i] for i, k in enumerate(kept)]
+        assert got[f"best_of_{n}_reward_mean"] == pytest.approx(sum(float(draws[k].scores[i])
+                                                                     for i, k in enumerate(kept)) / 4)
+        assert got[f"best_of_{n}_gold_mean"] == pytest.approx(sum(gold) / 4)
+        assert got[f"gold_lead_over_best_of_{n}"] == pytest.approx(sum(policy.gold[i] - gold[i] for i in range(4)) / 4)
+        assert got[f"best_of_{n}_kl"] == pytest.approx(math.log(n) - (n - 1) / n)
+        lo, hi = bounds[f"gold_lead_over_best_of_{n}"]
+        assert lo <= got[f"gold_lead_over_best_of_{n}"] <= hi
