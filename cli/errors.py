@@ -11,11 +11,11 @@ import logging
 import re
 import sys
 
+from flows.placement import PlacementError
 from rlhf_lib.config import ConfigError
 from rlhf_lib.data import DataError
 from rlhf_lib.memory import MemoryBudgetError
 from rlhf_lib.model_import import ModelImportError
-from flows.placement import PlacementError
 from rlhf_lib.rewards.base import RewardError
 from stages.launch import LaunchError
 from stages.net import ArtifactNotFound, ServiceUnreachable

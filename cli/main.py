@@ -148,7 +148,7 @@ def cmd_import_model(args: argparse.Namespace) -> int:
     configure_env(use_services=False)
     from rlhf_lib.model_import import ModelImportError, import_model
     from stages.home import file_lock
-    from stages.models_io import imported_dir, imported_root, import_run
+    from stages.models_io import import_run, imported_dir, imported_root
     from stages.tracking import setup_mlflow, tracking_uri
 
     t0 = time.perf_counter()

@@ -12,19 +12,19 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 
 from flows.code_policy import check_deployment_config
-from rlhf_lib.devices import resolve_device
 from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
+from rlhf_lib.devices import resolve_device
 from rlhf_lib.intervals import split_intervals, with_interval
 from rlhf_lib.process import configure_process
 from stages.artifact_cache import clean_staging
-from stages.context import RunContext
-from stages.owner import owner_tags
-from stages.reaper import reap
 from stages.cache import StageResult, given_model
+from stages.context import RunContext
 from stages.data import data_stage
 from stages.eval import eval_stage
+from stages.owner import owner_tags
 from stages.ppo import ppo_stage
+from stages.reaper import reap
 from stages.reward import reward_stage
 from stages.sft import sft_stage
 from stages.tracking import RetryingClient, setup_mlflow, tracking_uri

@@ -13,9 +13,9 @@ import torch
 
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
+from rlhf_lib.lm.generation import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.lm.kl import kl_per_token
 from rlhf_lib.lm.masked import masked_sum
-from rlhf_lib.lm.generation import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.rewards.combine import RewardSet
 

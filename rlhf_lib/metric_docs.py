@@ -146,6 +146,8 @@ EVAL = (
     _m("eval/response_length_mean eval/response_length_mean_sft eval/no_eos_frac", "response length of policy and SFT, "
        "and the policy's share of responses without EOS"),
     _m("eval/reward_model_accuracy", "the RM's pairwise accuracy on the held-out pairs (absent without an RM)"),
+    _m("eval/judge_<name>_accuracy", "each judge source's (`kind: judge`) pairwise accuracy on the same held-out "
+       "pairs: its agreement with the labels, beside the RM's", "near 0.5: the judge cannot tell the replies apart"),
     _m("eval/reward_<name>_mean eval/reward_<name>_mean_sft", "each reward source's mean score for policy and SFT "
        "samples, when PPO used more than the RM alone (the arithmetic task's exact-match accuracy is one)",
        "the policy below SFT on a source: PPO traded it for the others"),

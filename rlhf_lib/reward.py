@@ -17,8 +17,8 @@ from rlhf_lib.data.records import PairExample, RankedExample
 from rlhf_lib.devices import module_device
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
-from rlhf_lib.lora import add_lora, merge_in_place, trainable
 from rlhf_lib.lm.scoring import no_cache, sequence_scores
+from rlhf_lib.lora import add_lora, merge_in_place, trainable
 from rlhf_lib.prompt_sharing import prompt_groups, shared_prompt_scores, supports_prompt_sharing
 from rlhf_lib.training import (
     SupervisedRun,

@@ -37,8 +37,8 @@ from rlhf_lib.data.user import build_user_task
 from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
 from rlhf_lib.models import load_tokenizer
 from stages.base import as_state, log_dataset, run_cached
-from stages.context import on_node, RunContext
 from stages.cache import StageResult
+from stages.context import RunContext, on_node
 from stages.manifest import dir_digest
 from stages.models_io import local_model, model_source_digest
 from stages.tracking import StageRun

@@ -14,21 +14,22 @@ from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
 from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
-from rlhf_lib.devices import autocast, weights_dtype
+from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.eval import evaluate
 from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
-from rlhf_lib.rewards.retokenize import RewardScorer
 from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.functions import reward_code
+from rlhf_lib.rewards.judge import load_judge
+from rlhf_lib.rewards.retokenize import RewardScorer
 from stages.artifact_cache import download
 from stages.base import as_state, key_lock, log_dataset, run_cached
-from stages.context import on_node, RunContext
 from stages.cache import StageResult
+from stages.context import RunContext, on_node
 from stages.data import (
     conversations,
     conversations_digest,
@@ -38,6 +39,7 @@ from stages.data import (
     prompt_columns,
     source_info,
 )
+from stages.models_io import judge_models
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
 
@@ -69,7 +71,8 @@ def measured_accuracy(reward: StageResult) -> float | None:
     return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult]):
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
+           judges: dict[str, str] | None = None):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
         dirs = {k: download(v.artifact_uri, v.digest) for k, v in upstream.items()}  # not before the look-up
@@ -92,8 +95,12 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             rendering = reward_rendering({p: m for p, m in table.items() if p in wanted}, False, own, cfg.data.render,
                                          tokenizer)
         rm = RewardScorer(reward, tokenizer, own, rendering) if reward is not None else None
+        frozen = DTYPES[cfg.resources.frozen_dtype]
+        graders = {s.name: load_judge(s, (judges or {})[s.name], frozen) for s in cfg.ppo.rewards if s.kind == "judge"}
+        for grader in graders.values():
+            grader.model.to(device)
         rewards = RewardSet(cfg.ppo.rewards, rm, tokenizer, prompt_columns(data_dir, "prompts_eval"),
-                            cfg.eval.batch_size)
+                            cfg.eval.batch_size, judges=graders)
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
@@ -118,6 +125,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                         cfg.reward.eval_batch_size)
             bounds["reward_model_accuracy"] = proportion_interval(
                 round(metrics["reward_model_accuracy"] * len(pairs)), len(pairs))
+        for name, grader in graders.items():  # each judge's agreement with the held-out labels, as the RM's
+            with precision():
+                chosen = grader.scores([p.prompt for p in pairs], [p.chosen for p in pairs])
+                rejected = grader.scores([p.prompt for p in pairs], [p.rejected for p in pairs])
+            right = int((chosen > rejected).sum())
+            metrics[f"judge_{name}_accuracy"] = right / len(pairs) if pairs else None
+            bounds[f"judge_{name}_accuracy"] = proportion_interval(right, len(pairs))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
         run.log_metrics({f"eval/{k}_ci95_{end}": v for k, (lo, hi) in bounds.items()
                          for end, v in (("low", lo), ("high", hi)) if math.isfinite(v)}, step=0)
@@ -166,7 +180,10 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                "resources": {"mixed_precision": config.resources.mixed_precision},
                "rewards": [s.model_dump() for s in config.ppo.rewards],
                "reward_code": reward_code(config.ppo.rewards)}
-    build = _build(config, data_dir, data, upstream)
+    judges, judge_ids = judge_models(config.ppo.rewards)
+    if judge_ids:
+        section["judges"] = judge_ids
+    build = _build(config, data_dir, data, upstream, judges)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())
     metrics = report["metrics"]

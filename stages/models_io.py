@@ -117,3 +117,24 @@ def base_model_tags(name_or_path: str, source: str, run=None) -> dict[str, str]:
         if experiment_id and (run_id := import_run(Path(source), experiment_id)):
             tags["rlhf.base_model.import_run"] = run_id
     return tags
+
+
+def judge_models(sources) -> tuple[dict[str, str], dict[str, str]]:
+    """The local folder and the identity (for cache keys and lineage) of each `kind: judge` reward source's model: an
+    MLflow model URI through the registry and the local artifact cache (`stages.cache.given_model`), a `.gguf` file
+    or a known name through its import, a folder by its content, a hub id by name and revision. Each is checked
+    (`rlhf_lib.rewards.judge.check_judge`) before any stage work."""
+    from rlhf_lib.rewards.judge import check_judge
+    from stages.cache import given_model
+
+    paths, digests = {}, {}
+    for s in sources:
+        if s.kind != "judge":
+            continue
+        if s.model.startswith(("models:/", "runs:/")):
+            given = given_model("judge", s.model)
+            paths[s.name], digests[s.name] = str(download(given.artifact_uri, given.digest)), f"mlflow:{given.digest}"
+        else:
+            paths[s.name], digests[s.name] = local_model(s.model), model_source_digest(s.model)
+        check_judge(s, paths[s.name])
+    return paths, digests

@@ -21,11 +21,11 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from rlhf_lib.config import PipelineConfig
+from rlhf_lib.config.base import KEEP_SECRETS
 from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.events import Checkpoint, Event, Resumed
-from rlhf_lib.config.base import KEEP_SECRETS
 from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
@@ -33,10 +33,9 @@ from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
 from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
-from stages.base import as_state, log_dataset, run_cached, RunSink
-from stages.context import on_node, RunContext
-from stages.follower import FollowerRun, launch_id_of, pending_key
+from stages.base import RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
+from stages.context import RunContext, on_node
 from stages.data import (
     conversations,
     conversations_digest,
@@ -45,7 +44,9 @@ from stages.data import (
     has_judge,
     prompt_columns,
 )
+from stages.follower import FollowerRun, launch_id_of, pending_key
 from stages.launch import default_config, run_job
+from stages.models_io import judge_models
 from stages.rendezvous import FollowerDone
 from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
 from stages.retry import transient
@@ -165,8 +166,12 @@ def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: l
     return {p: table[p] for p in prompts if p in table}
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None):
+def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None,
+           judges: dict[str, str] | None = None, judge_ids: dict[str, str] | None = None):
     def build(run: StageRun, out_dir: Path) -> None:
+        if judge_ids:  # lineage: which judge graded the replies
+            run.set_tags({f"rlhf.judge.{name}": f"{next(s.model for s in cfg.ppo.rewards if s.name == name)} "
+                          f"({ident})" for name, ident in judge_ids.items()})
         preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
         r = cfg.resources  # before any model is loaded or process launched; the batch is split over every node's
         check_sizes(cfg.ppo, r.num_processes * r.num_machines)
@@ -191,7 +196,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
                      judge=has_judge(data_dir), eval_prompts=heldout,
                      columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"),
-                     conversations=_conversations(data_dir, cfg, reward is not None, prompts + heldout))
+                     conversations=_conversations(data_dir, cfg, reward is not None, prompts + heldout),
+                     judges=dict(judges or {}))
         _train(cfg, run, job)
     return build
 
@@ -284,7 +290,10 @@ def ppo_stage(
                                                             if config.ppo.eval_every else "")
     if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
         fingerprint += conversations_digest(data_dir)
+    judges, judge_ids = judge_models(config.ppo.rewards)  # refused here, before any work, if one cannot load
+    if judge_ids:  # the judges' weights: a new judge behind the same name reruns PPO
+        section["judges"] = judge_ids
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
     result, _ = run_cached(ctx, "ppo", section, upstream, fingerprint,
-                           _build(config, data_dir, data, sft, reward))
+                           _build(config, data_dir, data, sft, reward, judges, judge_ids))
     return as_state(result)

@@ -10,6 +10,16 @@ from pathlib import Path
 import numpy as np
 from prefect import flow, get_run_logger
 
+from rlhf_lib.baselines import (
+    baseline_metrics,
+    baseline_rows,
+    edge_verdict,
+    linear_probe,
+    ngram_regression,
+    prefer_shorter,
+    training_pairs,
+    zero_shot_loglik,
+)
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
 from rlhf_lib.data.collate import truncation_counts
@@ -27,30 +37,19 @@ from rlhf_lib.models import (
     load_tokenizer,
     same_tokenizer,
 )
-from rlhf_lib.baselines import (
-    baseline_metrics,
-    baseline_rows,
-    edge_verdict,
-    linear_probe,
-    ngram_regression,
-    prefer_shorter,
-    training_pairs,
-    zero_shot_loglik,
-)
 from rlhf_lib.reward import launched, pair_scores, train_reward_model
 from rlhf_lib.reward_report import rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import as_state, log_dataset, run_cached, RunSink
-from stages.context import on_node, RunContext
-from stages.follower import launch_id_of
+from stages.base import RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
+from stages.context import RunContext, on_node
 from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
+from stages.follower import launch_id_of
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.rm_report import render_rm_report
 from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
-
 
 REWARD_LOOP = Loop(train_reward_model, launched, lambda path, tok: build_scalar_model(path))
 

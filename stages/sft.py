@@ -24,11 +24,11 @@ from rlhf_lib.models import (
 from rlhf_lib.sft import launched, train_sft
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import as_state, log_dataset, run_cached, RunSink
-from stages.context import on_node, RunContext
-from stages.follower import launch_id_of
+from stages.base import RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
+from stages.context import RunContext, on_node
 from stages.data import dataset_name, file_digest
+from stages.follower import launch_id_of
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun

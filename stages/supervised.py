@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rlhf_lib.config import ResourcesConfig

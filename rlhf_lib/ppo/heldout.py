@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhf_lib.lm.kl import kl_per_token
-from rlhf_lib.ppo.lora import adapters_off
-from rlhf_lib.lm.masked import masked_sum
 from rlhf_lib.lm.generation import decode_responses, encode_prompts, sample
+from rlhf_lib.lm.kl import kl_per_token
+from rlhf_lib.lm.masked import masked_sum
 from rlhf_lib.lm.scoring import response_logprobs
+from rlhf_lib.ppo.lora import adapters_off
 from rlhf_lib.ppo.types import BestPolicy
 
 if TYPE_CHECKING:

@@ -21,15 +21,16 @@ from rlhf_lib.devices import DTYPES, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Checkpoint, Metrics, Notice, Resumed, Sink, Table, Tags
 from rlhf_lib.intervals import standard_error
+from rlhf_lib.lm.generation import decode_responses
 from rlhf_lib.model_dirs import load_causal_lm, load_reward_side, save_model
 from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.alarms import AlarmMonitor
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from rlhf_lib.ppo.heldout import consider, heldout_stats
 from rlhf_lib.ppo.metrics import sample_rows
-from rlhf_lib.lm.generation import decode_responses
 from rlhf_lib.ppo.trainer import Call, PPOTrainer, direct
 from rlhf_lib.ppo.types import PPOModels, Rollout
+from rlhf_lib.rewards.judge import load_judge
 
 # The phases of one iteration, in order, as the Prefect tasks are named and the timings logged (`time/<phase>_s`).
 PHASES = ("rollout", "score", "gae", "update")
@@ -114,6 +115,7 @@ class PPOJob:
     columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # the prompts' extra fields, by prompt text
     # the messages of each rendered prompt, for an RM with its own tokenizer (rlhf_lib.data.conversations)
     conversations: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    judges: dict[str, str] = field(default_factory=dict)  # each `kind: judge` source's local model folder
 
     @cached_property
     def cfg(self) -> PipelineConfig:
@@ -155,6 +157,8 @@ def load_models(cfg: PipelineConfig, sft_dir: Path, reward_dir: Path | None) -> 
 def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
     cfg = job.cfg
     models = load_models(cfg, Path(job.sft_dir), Path(job.reward_dir) if job.reward_dir else None)
+    frozen = DTYPES[cfg.resources.frozen_dtype]
+    models.judges = {s.name: load_judge(s, job.judges[s.name], frozen) for s in cfg.ppo.rewards if s.kind == "judge"}
     if models.reward_tokenizer is not None:  # an RM with its own tokenizer reads its own chat template
         models.reward_rendering = reward_rendering(job.conversations, False, models.reward_tokenizer,
                                                    cfg.data.render, models.tokenizer)

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from rlhf_lib.intervals import standard_error
-from rlhf_lib.lm.masked import masked_mean, masked_var
 from rlhf_lib.lm.generation import decode_responses, ends_with_eos
+from rlhf_lib.lm.masked import masked_mean, masked_var
 from rlhf_lib.ppo.types import Rollout
 
 

@@ -50,7 +50,7 @@ class PPOSetup:
         # The trained models keep their dtype (model.dtype, float32 by default); the frozen ones take frozen_dtype.
         for model in filter(None, (models.policy, models.value)):
             model.to(self.device)
-        for model in filter(None, (models.ref, models.reward)):
+        for model in filter(None, (models.ref, models.reward, *(j.model for j in models.judges.values()))):
             model.to(self.device, frozen_dtype)
         for model in filter(None, (models.policy, models.ref, models.reward, models.value)):
             disable_dropout(model)
@@ -73,7 +73,8 @@ class PPOSetup:
             freeze(frozen)
         rm = None if models.reward is None else RewardScorer(models.reward, models.tokenizer, models.reward_tokenizer,
                                                                   models.reward_rendering)
-        self.rewards = RewardSet(cfg.rewards, rm, models.tokenizer, columns, cfg.score_batch_size)
+        self.rewards = RewardSet(cfg.rewards, rm, models.tokenizer, columns, cfg.score_batch_size,
+                                 judges=models.judges)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
-    from rlhf_lib.data.conversations import RewardRendering
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlhf_lib.data.conversations import RewardRendering
+    from rlhf_lib.rewards.judge import JudgeReward
 
 
 @dataclass
@@ -86,6 +88,7 @@ class PPOModels:
     tokenizer: PreTrainedTokenizerBase
     reward_tokenizer: PreTrainedTokenizerBase | None = None  # the RM's own, when it differs from the policy's
     reward_rendering: RewardRendering | None = None  # the RM's own chat template over each prompt's conversation
+    judges: dict[str, JudgeReward] = field(default_factory=dict)  # the frozen judges of `kind: judge`, by source
 
 
 @dataclass

@@ -14,11 +14,11 @@ import torch
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.data.collate import token_budget_split
 from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.lm.masked import masked_mean
+from rlhf_lib.lm.scoring import Entropy
 from rlhf_lib.ppo.critic import Critic
 from rlhf_lib.ppo.losses import policy_loss, value_loss
-from rlhf_lib.lm.masked import masked_mean
 from rlhf_lib.ppo.ptx import PtxBatches, ptx_share
-from rlhf_lib.lm.scoring import Entropy
 from rlhf_lib.ppo.sharding import backward_share, summed
 from rlhf_lib.ppo.types import Rollout
 

@@ -3,7 +3,8 @@
     score_i = sum_k w_k * s_k(prompt_i, response_i)
 
 The reward model (kind model) reads token ids, on the device, `batch_size` rows per forward pass; the text sources
-(functions, HTTP endpoints) read the decoded prompt and completion with the prompt's extra columns, once per batch.
+(judges, functions, HTTP endpoints) read the decoded prompt and completion with the prompt's extra columns, once per
+batch.
 Each source's raw score is kept (`Scores.parts`) for the metrics; the RM offset, EOS penalty, whitening and clipping
 of `rlhf_lib.ppo.shaping` then apply to the sum.
 """
@@ -57,14 +58,17 @@ class RewardSet:
 
     def __init__(self, sources: Sequence[RewardSource], rm: RewardScorer | None, tokenizer: PreTrainedTokenizerBase,
                  columns: Mapping[str, Mapping[str, Any]] | None = None, batch_size: int = 16,
-                 text: Mapping[str, TextReward] | None = None):
+                 text: Mapping[str, TextReward] | None = None, judges: Mapping[str, TextReward] | None = None):
         model = [s for s in sources if s.kind == "model"]
         if model and rm is None:
             raise ValueError(f"{model[0].describe()}: no reward model was loaded")
+        judges = dict(judges or {})
+        if missing := [s for s in sources if s.kind == "judge" and s.name not in judges]:
+            raise ValueError(f"{missing[0].describe()}: no judge model was loaded")
         self.sources, self.rm, self.tokenizer, self.batch_size = list(sources), rm, tokenizer, batch_size
         self.columns = dict(columns or {})
         self.names = sorted({k for row in self.columns.values() for k in row})
-        self.text = dict(text) if text is not None else build_text_rewards(self.sources)
+        self.text = (dict(text) if text is not None else build_text_rewards(self.sources)) | judges
 
     @property
     def weights(self) -> dict[str, float]:

@@ -37,8 +37,8 @@ def metrics(summary, stage):
 
 
 def test_hh_pairs_run_sft_rm_ppo_eval_without_a_judge(hh_run):
-    from stages.models_io import load_policy
     from stages.artifact_cache import download
+    from stages.models_io import load_policy
 
     assert {k: v["status"] for k, v in hh_run["stages"].items()} == {s: "ran" for s in STAGES}
     ev = hh_run["eval"]

@@ -42,8 +42,8 @@ LEARN = [
 
 
 def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
-    from flows.pipeline import rlhf
     from cli.seeds import run_seeds
+    from flows.pipeline import rlhf
 
     result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
     for seed, summary in result["seeds"].items():

@@ -346,3 +346,28 @@ def test_the_reward_report_puts_the_baselines_beside_the_model(first):
     assert rm_edge(load_config("micro", None, []), alarmed) == "planted: 0.50 against 0.55"
     with pytest.raises(ValueError, match="ppo.require_rm_edge: planted"):
         rm_edge(strict, alarmed)
+
+
+def test_a_judge_reward_beside_the_rm(first):
+    """`kind: judge` (issue 41, item 1): the SFT model, named by its registry URI, grades each reply from its
+    next-token P(Yes); its score is a reward part in PPO and eval, its weights' identity joins the PPO key and the
+    PPO run's lineage, and a template without its placeholders is refused before any work."""
+    from flows.pipeline import rlhf
+
+    sft_uri = first["stages"]["sft"]["model_uri"]
+    rewards = ("ppo.rewards=[{name: rm, kind: model}, {name: judge, kind: judge, model: '" + sft_uri + "', "
+               "template: 'Is this reply good? {prompt} {response}', weight: 0.5}]")
+    out = rlhf(config=load_config("micro", None, [rewards]), pipeline="full")
+    assert {s: out["stages"][s]["status"] for s in ("data", "sft", "reward")} == {s: "cached" for s in
+                                                                                  ("data", "sft", "reward")}
+    assert out["stages"]["ppo"]["status"] == "ran"
+    ppo = MlflowClient().get_run(out["stages"]["ppo"]["mlflow_run_id"]).data
+    assert 0.0 <= ppo.metrics["objective/score/judge"] <= 1.0
+    assert ppo.tags["rlhf.judge.judge"].startswith(f"{sft_uri} (mlflow:")
+    assert 0.0 <= out["eval"]["reward_judge_mean"] <= 1.0 and "reward_rm_mean" in out["eval"]
+    lo, hi = out["eval"]["judge_judge_accuracy_ci95"]  # its agreement with the held-out labels, as the RM's
+    assert lo <= out["eval"]["judge_judge_accuracy"] <= hi
+    from rlhf_lib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="lacks the placeholder"):  # refused when the config is read
+        load_config("micro", None, [rewards.replace(" {response}", "")])

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from cli.main import main
 from cli.errors import QuietUserErrors, user_error
+from cli.main import main
 from stages.launch import LaunchError
 
 # The demo preset's learning rates and lengths are sized for the tiny model; only memory is looked at here.

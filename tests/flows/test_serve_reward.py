@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
-import torch
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
-from services.serve_reward import ServeError, make_app, serve
 from rlhf_lib.rewards import RewardError, TextBatch
+from services.serve_reward import ServeError, make_app, serve
 
 ROOT = Path(__file__).parent.parent.parent
 TOKEN = "test-token-123"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from services import servers as services
 from flows.settings import load_config
+from services import servers as services
 from stages.net import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(

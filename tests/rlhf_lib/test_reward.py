@@ -89,8 +89,8 @@ def test_curriculum_steps_train_on_the_closest_pair_only(tiny_tokenizer, tiny_po
 def test_training_scores_equal_sequence_scores_on_right_padded_rows(tiny_tokenizer, tiny_policy):
     # Training goes through the model's own forward (a DDP wrapper syncs only those calls); the head must read the
     # same last real token as `sequence_scores`, which scoring and evaluation use.
-    from rlhf_lib.models import build_scalar_model
     from rlhf_lib.lm.scoring import sequence_scores
+    from rlhf_lib.models import build_scalar_model
     from rlhf_lib.reward import _encode, training_scores
 
     rm = build_scalar_model(tiny_policy, seed=0)

@@ -17,10 +17,10 @@ from rlhf_lib.data.conversations import (
     write_conversations,
 )
 from rlhf_lib.data.records import PairExample
-from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
-from rlhf_lib.rewards.retokenize import retokenized_scores
 from rlhf_lib.lm.generation import encode_prompts
+from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
 from rlhf_lib.reward import score_texts
+from rlhf_lib.rewards.retokenize import retokenized_scores
 
 POLICY_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                    "{% if add_generation_prompt %}<|assistant|>{% endif %}")

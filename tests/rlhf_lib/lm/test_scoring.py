@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from rlhf_lib.models import build_scalar_model
 from rlhf_lib.lm.scoring import last_token_index, no_cache, position_ids, sequence_scores, token_values
+from rlhf_lib.models import build_scalar_model
 
 
 def test_position_ids_skip_left_padding():

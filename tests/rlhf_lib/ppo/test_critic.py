@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.models import build_scalar_model
-from rlhf_lib.ppo.critic import Critic, ValueHead, disable_dropout
 from rlhf_lib.lm.generation import encode_prompts, sample
 from rlhf_lib.lm.scoring import backbone_hidden, concat
+from rlhf_lib.models import build_scalar_model
+from rlhf_lib.ppo.critic import Critic, ValueHead, disable_dropout
 from rlhf_lib.ppo.types import Rollout
 from rlhf_lib.ppo.update import ppo_epochs
 
@@ -127,8 +127,8 @@ def test_ptx_term_is_added_to_every_step(tiny_tokenizer, tiny_policy):
 def test_separate_critic_backward_in_two_parts_gives_the_gradient_of_the_summed_loss(tiny_tokenizer, tiny_policy):
     """The update backpropagates the policy's terms before running the value model (to keep one model's activations
     alive at a time); the step must equal one SGD step on the gradient of the summed loss."""
-    from rlhf_lib.ppo.losses import policy_loss, value_loss
     from rlhf_lib.lm.masked import masked_mean
+    from rlhf_lib.ppo.losses import policy_loss, value_loss
 
     value = build_scalar_model(tiny_policy, seed=1)
     cfg = PPOConfig(batch_size=8, minibatches=1, epochs=1, max_new_tokens=6, temperature=1.0, ent_coef=0.01,

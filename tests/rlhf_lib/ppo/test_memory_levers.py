@@ -8,9 +8,9 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.data.collate import token_budget_split
+from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.models import build_policy
 from rlhf_lib.ppo.critic import Critic
-from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.ppo.trainer import PPOTrainer
 from tests.rlhf_lib.ppo.tiny import tiny_trainer
 

@@ -10,8 +10,8 @@ import torch
 
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.config.rewards import RewardSource
-from rlhf_lib.models import build_scalar_model
 from rlhf_lib.lm.generation import decode_responses
+from rlhf_lib.models import build_scalar_model
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.rewards.base import RewardError
 from rlhf_lib.rewards.combine import RewardSet

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.distributed import ProcessGroup, RowShard
 from rlhf_lib.lm.generation import encode_prompts, sample
-from rlhf_lib.distributed import RowShard
 from rlhf_lib.ppo.sharding import check_sizes
 
 

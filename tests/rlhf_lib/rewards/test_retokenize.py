@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from rlhf_lib.config import PPOConfig
-from rlhf_lib.models import build_policy, build_scalar_model, same_tokenizer, train_tokenizer
-from rlhf_lib.rewards.retokenize import decode_prompts, retokenized_scores
 from rlhf_lib.lm.generation import decode_responses, encode_prompts
 from rlhf_lib.lm.scoring import sequence_scores
+from rlhf_lib.models import build_policy, build_scalar_model, same_tokenizer, train_tokenizer
 from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer
 from rlhf_lib.reward import score_texts
+from rlhf_lib.rewards.retokenize import decode_prompts, retokenized_scores
 
 PROMPTS = ["\n\nHuman: tell me about topic 3\n\nAssistant:", "\n\nHuman: hi there, what is new?\n\nAssistant:"]
 

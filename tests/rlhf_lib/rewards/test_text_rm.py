@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from rlhf_lib.data.collate import encode_prompt_response
-from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
-from rlhf_lib.rewards.retokenize import RewardScorer, decode_prompts
 from rlhf_lib.lm.generation import decode_responses, encode_prompts, ends_with_eos
 from rlhf_lib.lm.scoring import sequence_scores
+from rlhf_lib.models import build_policy, build_scalar_model, train_tokenizer
 from rlhf_lib.rewards import RewardError, TextBatch
+from rlhf_lib.rewards.retokenize import RewardScorer, decode_prompts
 from rlhf_lib.rewards.text_rm import TextRewardModel
 
 PROMPTS = ["\n\nHuman: tell me about topic 3\n\nAssistant:", "\n\nHuman: hi there, what is new?\n\nAssistant:",
