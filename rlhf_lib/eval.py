@@ -110,6 +110,7 @@ def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
     for name, values in (policy.terms or {}).items():
         m[f"gold_{name}_mean"] = sum(values) / len(values)
         m[f"gold_{name}_mean_sft"] = sum(sft.terms[name]) / len(sft.terms[name])
+        m[f"gold_{name}_delta"] = m[f"gold_{name}_mean"] - m[f"gold_{name}_mean_sft"]  # paired: same prompts
     for name, values in source_figures(policy).items():
         m[f"reward_{name}_mean"] = float(values.mean())
         m[f"reward_{name}_mean_sft"] = float(sft.parts[name].mean())
@@ -133,6 +134,7 @@ def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
                     win_rate_vs_sft=win_indicators(policy.gold, sft.gold).tolist())
     for name, values in (policy.terms or {}).items():
         rows[f"gold_{name}_mean"], rows[f"gold_{name}_mean_sft"] = values, sft.terms[name]
+        rows[f"gold_{name}_delta"] = [a - b for a, b in zip(values, sft.terms[name])]
     for name, values in source_figures(policy).items():
         rows[f"reward_{name}_mean"], rows[f"reward_{name}_mean_sft"] = values.tolist(), sft.parts[name].tolist()
     return rows

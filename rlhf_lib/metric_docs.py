@@ -155,6 +155,8 @@ EVAL = (
     _m("eval/gold_<term>_mean eval/gold_<term>_mean_sft", "each term of the gold judge (topic, detail, tone, "
        "length, ending, repetition) for policy and SFT samples (demo task)", "the policy below SFT on a term, "
        "above all on topic: PPO traded it for what the RM rewards"),
+    _m("eval/gold_<term>_delta", "policy minus SFT on each gold term, per prompt (paired), with its bootstrap "
+       "interval: an interval across 0 is a tie", "an interval below 0: PPO lost on that term"),
     _m("eval/best_of_prompts", "with `eval.best_of`: the eval prompts (the first `eval.best_of_prompts`) that got "
        "best-of-n samples"),
     _m("eval/best_of_<n>_reward_mean eval/best_of_<n>_gold_mean eval/best_of_<n>_response_length_mean",

@@ -176,9 +176,13 @@ def terms_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | Non
         pol, sft = metrics.get(f"gold_{term}_mean"), metrics.get(f"gold_{term}_mean_sft")
         if pol is None or sft is None:
             continue
+        lo, hi = bounds.get(f"gold_{term}_delta") or (float("nan"), float("nan"))
+        # The paired difference's interval decides: one that spans 0 reads as a tie, not a gain or a loss.
+        verdict = "ahead" if lo > 0 else "behind" if hi < 0 else "tie" if lo == lo else ""
         rows.append({"term": term, "PPO policy": with_interval(pol, bounds.get(f"gold_{term}_mean")),
-                     "SFT": with_interval(sft, bounds.get(f"gold_{term}_mean_sft")), "PPO - SFT": pol - sft,
-                     "PPO loses": "yes" if pol < sft else ""})
+                     "SFT": with_interval(sft, bounds.get(f"gold_{term}_mean_sft")),
+                     "PPO - SFT [95 %]": with_interval(pol - sft, bounds.get(f"gold_{term}_delta")),
+                     "PPO vs SFT": verdict})
     return rows
 
 
