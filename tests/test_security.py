@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("rlhf_lib", "stages", "flows")
+PACKAGES = ("rlhf_lib", "stages", "flows", "services", "cli")  # the code that runs in the pipeline and its servers
 
 
 def _sources():

@@ -19,7 +19,8 @@ STAGES = ("data", "sft", "reward", "ppo", "eval")
 def test_every_project_module_the_stage_loads_is_in_its_key(stage):
     # What Python itself loads when the stage module is imported, in a fresh interpreter: all of it must be covered.
     code = (f"import sys, json, stages.{stage}\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('rlhf_lib', 'stages', 'flows'))))")
+            "print(json.dumps(sorted(m for m in sys.modules\n"
+            "                        if m.split('.')[0] in ('rlhf_lib', 'stages', 'flows', 'services', 'cli'))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                        cwd=ROOT).stdout)
     assert set(loaded) - dependencies(f"stages.{stage}") == set()
