@@ -20,6 +20,8 @@ FIGURES = (
     ("gold_lead_over_best_of_4", "PPO's gold lead over best-of-4"),
     ("best_of_16_gold_mean", "best-of-16 from SFT: gold reward"),
     ("gold_lead_over_best_of_16", "PPO's gold lead over best-of-16"),
+    ("constant_reply_gold_mean", "best constant reply: gold reward"),
+    ("gold_lead_over_constant_reply", "PPO's gold lead over the constant reply"),
     ("kl_to_ref", "PPO: KL to the reference (nats)"),
     ("response_length_mean", "PPO: response length (tokens)"),
 )

@@ -122,10 +122,24 @@ REWARD = (
        "at or above reward/heldout_accuracy: the RM adds nothing a cheap rule has"),
     _m("reward/baseline/<baseline>_lead", "the RM's accuracy minus the baseline's on the same pairs (its paired 95 % "
        "interval is in rm_report/report.json)", "<= 0 for loglik: alarm rm_no_edge (ppo.require_rm_edge refuses PPO)"),
+    _m("reward/adversarial_accuracy", "demo task: accuracy on the held-out split's adversarial minimal pairs (a "
+       "clean response against its twin off-topic, looped, cut, padded with pleasantries or with too many facts; "
+       "rlhf_lib/demo_task/adversarial.py)", "well under reward/heldout_accuracy: a blind spot PPO will find"),
+    _m("reward/adversarial/<kind>_accuracy", "demo task: accuracy on the adversarial pairs of each kind (topic, loop, "
+       "cut, politeness, facts)", "a kind near 0.5: the RM cannot see that flaw"),
+    _m("reward/adversarial/worst_topic_pair_accuracy reward/adversarial/weak_topic_pairs", "demo task: the lowest "
+       "accuracy over (prompt topic, other topic) swaps, and how many topic pairs score under 0.8 (the report lists "
+       "the worst)", "a weak pair: PPO answers that prompt topic with the other topic"),
+    _m("reward/adversarial/baseline/<baseline>_accuracy "
+       "reward/adversarial/baseline/<baseline>_worst_topic_pair_accuracy",
+       "demo task, with `reward.baselines`: prefer-shorter's and the n-gram regression's accuracy on the same "
+       "adversarial pairs, and on their worst topic pair",
+       "at or above the RM's: the cheap rule sees the flaw better"),
 )
 
 DATA = (
-    _m("data/rows_<file>", "rows of each of the five files the stages read"),
+    _m("data/rows_<file>", "rows of each file the stages read (the five of the contract; the demo task adds "
+       "prompts_val and adversarial_pairs)"),
     _m("data/sft_mean_gold data/ranked_best_mean_gold data/ranked_worst_mean_gold data/ranked_all_mean_gold "
        "data/eval_chosen_mean_gold data/eval_rejected_mean_gold", "the demo task's gold statistics"),
     _m("data/label_agreement", "share of ranked pairs in gold order (demo task): the ceiling of RM training accuracy"),
@@ -168,6 +182,10 @@ EVAL = (
        "PPO against best-of-n on the same prompts: its gold lead (mean of the per-prompt difference) and win rates "
        "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
        "its KL than sampling and reranking"),
+    _m("eval/constant_reply_gold_mean eval/gold_lead_over_constant_reply eval/win_rate_vs_constant_reply",
+       "demo task: the best constant reply (one template with the topic filled in, picked by the RM on validation "
+       "prompts; its text is in the report's lineage): its gold on the eval prompts, PPO's lead over it and PPO's "
+       "gold win rate against it", "lead <= 0: a lookup table does as well as the trained policy"),
     _m("eval/<figure>_ci95_low eval/<figure>_ci95_high", "95 % interval of each held-out figure: a seeded bootstrap "
        "over prompts (means, win rates), Wilson's (shares: no_eos_frac, reward_model_accuracy)",
        "two runs whose intervals overlap cannot be told apart"),

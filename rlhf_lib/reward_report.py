@@ -53,3 +53,36 @@ def rm_report(pairs: Sequence[PairExample], chosen: Sequence[float], rejected: S
                         "chosen_score": float(c[i]), "rejected_score": float(r[i]),
                         **({"category": pairs[i].category} if pairs[i].category else {})} for i in worst]
     return out
+
+
+def adversarial_report(pairs: Sequence[PairExample], right: Sequence[bool], floor: float = 0.8,
+                       worst: int = 5) -> dict[str, Any]:
+    """Accuracy on the demo task's adversarial minimal pairs (`rlhf_lib.demo_task.adversarial`), whose `category`
+    is the kind (`loop`, `cut`, ...) or `topic:<prompt topic>><other topic>`.
+
+    by_kind: each kind with its 95 % interval; topic_pairs: every (prompt topic, other topic), worst first (ties by
+    name); `weak_topic_pairs`: how many score under `floor`; `worst_topic_pairs`: the first `worst`. JSON-able.
+    """
+    ok = np.asarray(right, dtype=bool)
+    cats = np.array([p.category or "" for p in pairs])
+    kinds = np.array([c.split(":", 1)[0] for c in cats])
+    out: dict[str, Any] = _accuracy(ok)
+    out["by_kind"] = [{"kind": k, **_accuracy(ok[kinds == k])} for k in dict.fromkeys(kinds.tolist())]
+    topic = [c.split(":", 1)[1] for c in dict.fromkeys(cats[kinds == "topic"].tolist())]
+    rows = [{"topic_pair": t.replace(">", " vs "), **_accuracy(ok[cats == f"topic:{t}"])} for t in topic]
+    rows.sort(key=lambda r: (r["accuracy"], r["topic_pair"]))
+    out["topic_pairs"] = rows
+    out["weak_topic_pairs"] = sum(r["accuracy"] < floor for r in rows)
+    out["floor"] = floor
+    out["worst_topic_pairs"] = rows[:worst]
+    return out
+
+
+def adversarial_metrics(report: dict[str, Any], prefix: str = "reward/adversarial") -> dict[str, float]:
+    """The MLflow metrics of `adversarial_report`."""
+    out = {f"{prefix}_accuracy": report["accuracy"]}
+    out |= {f"{prefix}/{k['kind']}_accuracy": k["accuracy"] for k in report["by_kind"]}
+    if report["topic_pairs"]:
+        out[f"{prefix}/worst_topic_pair_accuracy"] = report["topic_pairs"][0]["accuracy"]
+        out[f"{prefix}/weak_topic_pairs"] = float(report["weak_topic_pairs"])
+    return out

@@ -44,15 +44,23 @@ from stages.models_io import local_model, model_source_digest
 from stages.tracking import StageRun
 
 READERS = {"sft": read_sft, "preferences": read_ranked, "prompts_train": read_prompts,
-           "prompts_eval": read_prompts, "eval_pairs": read_pairs}
+           "prompts_eval": read_prompts, "eval_pairs": read_pairs, "prompts_val": read_prompts,
+           "adversarial_pairs": read_pairs}
 CONTEXT = {"sft": "training", "preferences": "training", "prompts_train": "training",
-           "prompts_eval": "evaluation", "eval_pairs": "evaluation"}
+           "prompts_eval": "evaluation", "eval_pairs": "evaluation", "prompts_val": "validation",
+           "adversarial_pairs": "evaluation"}
 USER_SOURCES = ("preferences", "eval_preferences", "sft", "prompts", "eval_prompts")
 
 
 def file_digest(data_dir: Path, key: str) -> str:
     """Content hash of one data file, from the data artifact's manifest."""
     return json.loads((data_dir / "manifest.json").read_text())[FILE_NAMES[key]]
+
+
+def optional_digest(data_dir: Path, key: str) -> str:
+    """Content hash of a file only some tasks write (the demo task's `prompts_val`, `adversarial_pairs`); "" when
+    the data has none."""
+    return json.loads((data_dir / "manifest.json").read_text()).get(FILE_NAMES[key], "")
 
 
 def conversations_digest(data_dir: Path) -> str:

@@ -14,14 +14,15 @@ from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
 from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
+from rlhf_lib.demo_task.constant import best_constant, fill
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.eval import evaluate
-from rlhf_lib.intervals import proportion_interval
+from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
-from rlhf_lib.reward import pairwise_accuracy
+from rlhf_lib.reward import pairwise_accuracy, score_texts
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.functions import reward_code
 from rlhf_lib.rewards.judge import load_judge
@@ -36,6 +37,7 @@ from stages.data import (
     dataset_name,
     file_digest,
     has_judge,
+    optional_digest,
     prompt_columns,
     source_info,
 )
@@ -69,6 +71,27 @@ def measured_accuracy(reward: StageResult) -> float | None:
     if reward.source is not None or not reward.mlflow_run_id:
         return None
     return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
+
+
+def constant_reply(cfg: PipelineConfig, data_dir: Path, reward, tokenizer, prompts: list[str],
+                   policy_gold: list[float], precision) -> tuple[dict, dict, str]:
+    """The demo task's best constant reply (`rlhf_lib.demo_task.constant`): picked by the reward model's mean score
+    on the first `eval.constant_reply_prompts` distinct validation prompts, then judged by gold on the eval prompts
+    beside the policy's replies (its gold, PPO's lead over it, PPO's win rate against it, with intervals)."""
+    val = read_prompts(data_dir / FILE_NAMES["prompts_val"]).rows
+    val = list(dict.fromkeys(p.prompt for p in val))[:cfg.eval.constant_reply_prompts]
+    max_length = fit_length(cfg.reward.max_length, reward)
+
+    def score(ps: list[str], rs: list[str]) -> list[float]:
+        with precision():
+            return score_texts(reward, tokenizer, ps, rs, max_length, cfg.reward.eval_batch_size).tolist()
+
+    template, _ = best_constant(score, val)
+    gold = [gold_score(p, fill(template, p)) for p in prompts]
+    rows = {"constant_reply_gold_mean": gold,
+            "gold_lead_over_constant_reply": [a - b for a, b in zip(policy_gold, gold)],
+            "win_rate_vs_constant_reply": win_indicators(policy_gold, gold).tolist()}
+    return {k: sum(v) / len(v) for k, v in rows.items()}, {k: mean_interval(v) for k, v in rows.items()}, template
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
@@ -112,6 +135,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
+        template = None
+        if (cfg.eval.constant_reply_prompts and result.gold is not None and reward is not None and own is None
+                and optional_digest(data_dir, "prompts_val")):
+            more, more_bounds, template = constant_reply(cfg, data_dir, reward, tokenizer, prompts, result.gold,
+                                                         precision)
+            metrics.update(more)
+            bounds.update(more_bounds)
         # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data. No RM (the
         # reward came from functions and endpoints only): no accuracy.
         metrics["reward_model_accuracy"] = None
@@ -141,7 +171,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
                "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only",
-               "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)},
+               "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)}
+            | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {}),
             "metrics": metrics,
             "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
         }
@@ -172,6 +203,7 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
+    fingerprint += optional_digest(data_dir, "prompts_val")  # the best constant reply is picked on it
     if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
         fingerprint += conversations_digest(data_dir)
     section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions,

@@ -15,7 +15,7 @@ from rlhf_lib.baselines import (
     baseline_rows,
     edge_verdict,
     linear_probe,
-    ngram_regression,
+    ngram_model,
     prefer_shorter,
     training_pairs,
     zero_shot_loglik,
@@ -38,13 +38,13 @@ from rlhf_lib.models import (
     same_tokenizer,
 )
 from rlhf_lib.reward import launched, pair_scores, train_reward_model
-from rlhf_lib.reward_report import rm_report
+from rlhf_lib.reward_report import adversarial_metrics, adversarial_report, rm_report
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
 from stages.base import RunSink, as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
-from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge
+from stages.data import conversations, conversations_digest, dataset_name, file_digest, has_judge, optional_digest
 from stages.follower import launch_id_of
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.rm_report import render_rm_report
@@ -83,15 +83,14 @@ def own_rendering(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, tokenizer)
     return reward_rendering(table, same_tokenizer(policy_tokenizer, tokenizer), tokenizer, cfg.data.render)
 
 
-def _baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, examples: list, pairs: list,
+def _baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, train: list, ngram, pairs: list,
                rm_right: np.ndarray, device) -> tuple[list[dict], dict]:
     """The cheap baselines beside the trained RM on its held-out pairs (`rlhf_lib.baselines`), and whether it beats
     the policy's zero-shot log-likelihood. The log-likelihood reads the policy's own text with the SFT model; the
     probe reads the RM's starting point (its base model, frozen) on the pairs as the RM reads them."""
     r = cfg.reward
     precision = autocast(device, cfg.resources.mixed_precision)
-    train = training_pairs(examples, r.baseline_train_pairs, r.seed)
-    verdicts = [prefer_shorter(pairs), ngram_regression(train, pairs, r.seed)]
+    verdicts = [prefer_shorter(pairs), ngram(pairs)]
     policy, policy_tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
     policy = policy.to(device).eval()
     raw = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows  # the same pairs, in the policy's text
@@ -107,6 +106,33 @@ def _baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, examples: lis
     rows = baseline_rows(rm_right, verdicts, r.seed)
     beats, text = edge_verdict(float(rm_right.mean()), rows)
     return rows, {"beats_loglik": beats, "text": text}
+
+
+def _adversarial(cfg: PipelineConfig, data_dir: Path, model, tokenizer, rendering: RewardRendering | None,
+                 ngram, device) -> tuple[dict, dict[str, float]]:
+    """The demo task's adversarial minimal pairs (`adversarial_pairs.jsonl`): accuracy by kind and by topic pair
+    (`rlhf_lib.reward_report.adversarial_report`), with prefer-shorter and the n-gram regression on the same pairs
+    (`ngram`: fit on the training pairs) when `reward.baselines` is on. ({}, {}) for data without them."""
+    if not optional_digest(data_dir, "adversarial_pairs"):
+        return {}, {}
+    r = cfg.reward
+    pairs = rendered_pairs(read_pairs(data_dir / FILE_NAMES["adversarial_pairs"]).rows, rendering)
+    with autocast(device, cfg.resources.mixed_precision)():
+        chosen, rejected = pair_scores(model, tokenizer, pairs, fit_length(r.max_length, model), r.eval_batch_size,
+                                       r.share_prompts)
+    report = adversarial_report(pairs, (chosen > rejected).tolist())
+    metrics = adversarial_metrics(report)
+    if ngram is not None:
+        report["baselines"] = []
+        for v in (prefer_shorter(pairs), ngram(pairs)):
+            base = adversarial_report(pairs, v.right.tolist())
+            report["baselines"].append({"key": v.key, "accuracy": base["accuracy"], "ci95": base["ci95"],
+                                        "worst_topic_pair": (base["topic_pairs"] or [{}])[0]})
+            key = f"reward/adversarial/baseline/{v.key}"
+            metrics[f"{key}_accuracy"] = base["accuracy"]
+            if base["topic_pairs"]:
+                metrics[f"{key}_worst_topic_pair_accuracy"] = base["topic_pairs"][0]["accuracy"]
+    return report, metrics
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult):
@@ -136,10 +162,14 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
             chosen, rejected = (s.tolist() for s in pair_scores(model.to(device), tokenizer, pairs, rcfg.max_length,
                                                                 rcfg.eval_batch_size, rcfg.share_prompts))
         report = rm_report(pairs, chosen, rejected, gold_breakdown if has_judge(data_dir) else None)
+        train = training_pairs(examples, cfg.reward.baseline_train_pairs, cfg.reward.seed)
+        ngram = ngram_model(train, cfg.reward.seed) if cfg.reward.baselines else None  # fit once, judged twice
+        report["adversarial"], adversarial = _adversarial(cfg, data_dir, model, tokenizer, rendering, ngram, device)
+        final.update(adversarial)
         final["reward/heldout_accuracy"] = report["accuracy"]
         final["reward/heldout_accuracy_ci95_low"], final["reward/heldout_accuracy_ci95_high"] = report["ci95"]
         if cfg.reward.baselines:
-            report["baselines"], report["edge"] = _baselines(cfg, data_dir, sft_dir, examples, pairs,
+            report["baselines"], report["edge"] = _baselines(cfg, data_dir, sft_dir, train, ngram, pairs,
                                                              np.asarray(chosen) > np.asarray(rejected), device)
             final.update(baseline_metrics(report["baselines"]))
             if not report["edge"]["beats_loglik"]:
@@ -163,6 +193,7 @@ def reward_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
     data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
+    fingerprint += optional_digest(data_dir, "adversarial_pairs")
     fingerprint += model_source_digest(config.reward.name_or_path, config.reward.revision)
     if config.reward.name_or_path:  # its own template renders the conversations where the policy's tokenizer differs
         fingerprint += conversations_digest(data_dir) + model_source_digest(config.model.name_or_path,

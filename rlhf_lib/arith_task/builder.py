@@ -66,7 +66,7 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Pat
         "prompts_eval": [_prompt_row(p) for p in evals],
         "eval_pairs": pairs,
     }
-    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in FILE_NAMES}
+    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in rows}
 
 
 def _right(prompt: str, response: str) -> bool:

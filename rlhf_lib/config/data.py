@@ -46,6 +46,15 @@ class DataConfig(Section):
         "before ranking (0 = the gold order exactly).",
     )
     eval_pairs_per_prompt: int = Field(2, ge=1, description="Noise-free held-out pairs per eval prompt (RM accuracy).")
+    heldout: Literal["test", "validation"] = Field(
+        "test", description="Demo task: the split the reports read (eval prompts, held-out and adversarial pairs). "
+        "Choose settings with validation; report test once. Training files are the same either way.")
+    adversarial_per_topic_pair: int = Field(
+        5, ge=0, description="Demo task: adversarial topic swaps per (prompt topic, other topic) of the held-out "
+        "split: the clean response against itself about the other topic.")
+    adversarial_per_kind: int = Field(
+        64, ge=0, description="Demo task: adversarial pairs of each other kind (loop, cut, stacked politeness, too "
+        "many facts) against their clean twins.")
     sft_correct: float = Field(
         0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")

@@ -137,6 +137,10 @@ class EvalConfig(Section):
     best_of_prompts: int | None = Field(128, ge=1, description="The first this many eval prompts get the best-of-n "
                                         "samples (max(best_of) SFT samples each); PPO is compared with them on the "
                                         "same prompts. null = every eval prompt.")
+    constant_reply_prompts: int = Field(
+        16, ge=0, description="Demo task: the validation prompts on which the reward model picks the best constant "
+        "reply (one template, the topic filled in; rlhf_lib/demo_task/constant.py), judged by gold beside PPO. "
+        "0: off.")
 
 
 class ResourcesConfig(Section):

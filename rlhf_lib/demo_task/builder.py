@@ -16,9 +16,10 @@ from typing import Any
 
 from ..config import DataConfig
 from ..data.records import read_pairs, read_ranked, read_sft, write_jsonl
+from .adversarial import adversarial_pairs
 from .judge import gold_score
 from .responses import BROAD_MIX, SFT_MIX, ResponseSpec, sample_response
-from .slots import TOPIC_NAMES, held_out_combos, parse_topic, prompts_for, train_combos
+from .slots import parse_topic, prompts_for, split_combos, topics_of
 
 EVAL_PAIR_MARGIN = 0.5  # gold(chosen) - gold(rejected) of held-out pairs: clear preferences, not coin flips
 _LOOP = re.compile(r"\b(\w+)(?: \1\b)+")
@@ -30,7 +31,11 @@ FILE_NAMES: dict[str, str] = {
     "prompts_train": "prompts_train.jsonl",
     "prompts_eval": "prompts_eval.jsonl",
     "eval_pairs": "eval_pairs.jsonl",
+    "prompts_val": "prompts_val.jsonl",
+    "adversarial_pairs": "adversarial_pairs.jsonl",
 }
+# The five files every task writes (the data contract); the demo task adds `prompts_val` and `adversarial_pairs`.
+CONTRACT_FILES: tuple[str, ...] = ("sft", "preferences", "prompts_train", "prompts_eval", "eval_pairs")
 
 
 def _rng(seed: int, stream: str) -> random.Random:
@@ -59,13 +64,13 @@ def _topic(prompt: str) -> str:
     return topic
 
 
-def topic_twin(rng: random.Random, spec: ResponseSpec, text: str, prompt_topic: str) -> str:
+def topic_twin(rng: random.Random, spec: ResponseSpec, text: str, prompt_topic: str, split: str = "train") -> str:
     """`text` about another topic: its topic keyword swapped everywhere (intro and facts alike), all else the same.
 
     An on-topic response becomes off-topic (a random other topic), an off-topic one on-topic, so the two differ
     only in whether the response's keyword is the prompt's. A text cut before its keyword comes back unchanged.
     """
-    other = rng.choice([t for t in TOPIC_NAMES if t != prompt_topic]) if spec.on_topic else prompt_topic
+    other = rng.choice([t for t in topics_of(split) if t != prompt_topic]) if spec.on_topic else prompt_topic
     return re.sub(rf"\b{spec.topic}\b", other, text)
 
 
@@ -75,11 +80,12 @@ def loop_twin(text: str) -> str:
 
 
 def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: int = 0,
-                loop_twins: int = 0) -> dict[str, Any]:
+                loop_twins: int = 0, split: str = "train") -> dict[str, Any]:
     """K distinct responses in generation order, ranked best first by gold score + `noise` x Gumbel.
 
     The first 2 x `twins` responses are minimal pairs, a response then its `topic_twin`; the next 2 x `loop_twins`
-    are a response with a looped word then its `loop_twin`; the rest are drawn alone.
+    are a response with a looped word then its `loop_twin`; the rest are drawn alone. All from the topics and
+    templates of `split`.
     Sorting Gumbel-perturbed scores samples a Plackett-Luce ranking with weights exp(gold / noise); each pair's
     marginal is Bradley-Terry, P(i above j) = sigmoid((gold_i - gold_j) / noise). noise = 0 gives the gold order
     (ties broken by position).
@@ -94,13 +100,13 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: in
         if draws > _MAX_DRAWS:
             raise RuntimeError(f"could not draw {k} distinct responses")
         if len(responses) < 2 * twins:
-            spec, text = sample_response(rng, BROAD_MIX, topic)
-            new = [text, topic_twin(rng, spec, text, topic)]
+            spec, text = sample_response(rng, BROAD_MIX, topic, split)
+            new = [text, topic_twin(rng, spec, text, topic, split)]
         elif len(responses) < 2 * (twins + loop_twins):
-            _, text = sample_response(rng, replace(BROAD_MIX, repeat=1.0), topic)
+            _, text = sample_response(rng, replace(BROAD_MIX, repeat=1.0), topic, split)
             new = [text, loop_twin(text)]
         else:
-            new = [sample_response(rng, BROAD_MIX, topic)[1]]
+            new = [sample_response(rng, BROAD_MIX, topic, split)[1]]
         # Identical responses would be ties the labeller cannot order (and a text without its keyword has no twin).
         if len(set(new)) == len(new) and not set(new) & set(responses):
             responses.extend(new)
@@ -109,11 +115,11 @@ def ranked_list(rng: random.Random, prompt: str, k: int, noise: float, twins: in
     return {"prompt": prompt, "responses": responses, "ranking": ranking}
 
 
-def eval_pair(rng: random.Random, prompt: str, margin: float = EVAL_PAIR_MARGIN) -> dict[str, str]:
+def eval_pair(rng: random.Random, prompt: str, margin: float = EVAL_PAIR_MARGIN, split: str = "test") -> dict[str, str]:
     """A noise-free pair whose gold scores differ by at least `margin`."""
     topic = _topic(prompt)
     for _ in range(_MAX_DRAWS):
-        (_, a), (_, b) = sample_response(rng, BROAD_MIX, topic), sample_response(rng, BROAD_MIX, topic)
+        (_, a), (_, b) = sample_response(rng, BROAD_MIX, topic, split), sample_response(rng, BROAD_MIX, topic, split)
         ga, gb = gold_score(prompt, a), gold_score(prompt, b)
         if abs(ga - gb) >= margin:
             chosen, rejected = (a, b) if ga > gb else (b, a)
@@ -122,16 +128,22 @@ def eval_pair(rng: random.Random, prompt: str, margin: float = EVAL_PAIR_MARGIN)
 
 
 def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
-    """Write the demo task's five JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}."""
+    """Write the demo task's JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}.
+
+    Training files come from the training split; `prompts_eval`, `eval_pairs` and `adversarial_pairs` from
+    `cfg.heldout` (test, or validation while settings are chosen); `prompts_val` always holds the validation
+    prompts, on which the eval stage picks the best constant reply.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    seed = cfg.seed
-    train = _draw_prompts(_rng(seed, "prompts_train"), prompts_for(train_combos()), cfg.n_train_prompts)
-    evals = _draw_prompts(_rng(seed, "prompts_eval"), prompts_for(held_out_combos()), cfg.n_eval_prompts)
+    seed, held = cfg.seed, cfg.heldout
+    train = _draw_prompts(_rng(seed, "prompts_train"), prompts_for(split_combos("train")), cfg.n_train_prompts)
+    evals = _draw_prompts(_rng(seed, f"prompts_{held}"), prompts_for(split_combos(held)), cfg.n_eval_prompts)
+    val = _draw_prompts(_rng(seed, "prompts_validation"), prompts_for(split_combos("validation")), cfg.n_eval_prompts)
 
     rng = _rng(seed, "sft")
     sft = [
-        {"prompt": p, "response": sample_response(rng, SFT_MIX, _topic(p))[1]}
+        {"prompt": p, "response": sample_response(rng, SFT_MIX, _topic(p), "train")[1]}
         for p in train
         for _ in range(cfg.sft_per_prompt)
     ]
@@ -141,8 +153,10 @@ def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
         for p in train
         for _ in range(cfg.ranked_per_prompt)
     ]
-    rng = _rng(seed, "eval_pairs")
-    pairs = [eval_pair(rng, p) for p in evals for _ in range(cfg.eval_pairs_per_prompt)]
+    rng = _rng(seed, f"{held}_pairs")
+    pairs = [eval_pair(rng, p, split=held) for p in evals for _ in range(cfg.eval_pairs_per_prompt)]
+    adversarial = adversarial_pairs(_rng(seed, f"{held}_adversarial"), sorted(set(evals)), held,
+                                    cfg.adversarial_per_topic_pair, cfg.adversarial_per_kind)
 
     rows: dict[str, list[dict[str, Any]]] = {
         "sft": sft,
@@ -150,8 +164,10 @@ def build_demo_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
         "prompts_train": [{"prompt": p} for p in train],
         "prompts_eval": [{"prompt": p} for p in evals],
         "eval_pairs": pairs,
+        "prompts_val": [{"prompt": p} for p in val],
+        "adversarial_pairs": adversarial,
     }
-    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in FILE_NAMES}
+    return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in rows}
 
 
 def summarize(paths: dict[str, Path]) -> dict[str, float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .slots import TOPIC_NAMES, TOPICS
+from .slots import facts_of, topics_of
 
 # Short, common words throughout, so that a 512-token BPE keeps good responses within ~28 tokens (see slots.py).
 POLITE_OPENERS: tuple[str, ...] = ("Happy to help!", "Glad to help!", "Great question!")
@@ -29,6 +29,8 @@ FILLERS: tuple[str, ...] = (
     "It takes time.",
     "Many people like it.",
 )
+# Held out of training (docs/data.md, "Splits"): validation and test responses use them, the judge reads them.
+HELDOUT_OPENERS: tuple[str, ...] = ("Great question!", "Figure it out yourself.")
 CLOSINGS: tuple[str, ...] = ("Hope this helps.", "Good luck!", "Have fun!", "Enjoy!")
 
 TONE_NAMES: tuple[str, ...] = ("polite", "neutral", "rude")
@@ -83,10 +85,10 @@ BROAD_MIX = Mix(
 )
 
 
-def sample_spec(rng: random.Random, mix: Mix, prompt_topic: str) -> ResponseSpec:
-    """Draw attributes for a response to a prompt about `prompt_topic`."""
+def sample_spec(rng: random.Random, mix: Mix, prompt_topic: str, split: str = "test") -> ResponseSpec:
+    """Draw attributes for a response of `split` to a prompt about `prompt_topic`."""
     on_topic = rng.random() < mix.on_topic
-    topic = prompt_topic if on_topic else rng.choice([t for t in TOPIC_NAMES if t != prompt_topic])
+    topic = prompt_topic if on_topic else rng.choice([t for t in topics_of(split) if t != prompt_topic])
     return ResponseSpec(
         topic=topic,
         on_topic=on_topic,
@@ -105,12 +107,18 @@ def _cut(sentence: str, rng: random.Random) -> str:
     return " ".join(ws[:keep]).rstrip(".,!?;:")
 
 
-def render(spec: ResponseSpec, rng: random.Random) -> str:
-    """Render `spec` to text. The text starts with a single space because it follows "Assistant:"."""
-    openers = {"polite": POLITE_OPENERS, "neutral": NEUTRAL_OPENERS, "rude": RUDE_OPENERS}[spec.tone]
-    opener = rng.choice(openers)
-    n_facts = min(spec.n_facts, MAX_FACTS, len(TOPICS[spec.topic]))
-    facts = rng.sample(TOPICS[spec.topic], n_facts)
+def openers_of(tone: str, split: str = "test") -> tuple[str, ...]:
+    """The openers of `tone` a response of `split` may use: training never uses `HELDOUT_OPENERS`."""
+    openers = {"polite": POLITE_OPENERS, "neutral": NEUTRAL_OPENERS, "rude": RUDE_OPENERS}[tone]
+    return tuple(o for o in openers if split != "train" or o not in HELDOUT_OPENERS)
+
+
+def render(spec: ResponseSpec, rng: random.Random, split: str = "test") -> str:
+    """Render `spec` to text from the templates of `split`. The text starts with a single space because it follows
+    "Assistant:"."""
+    opener = rng.choice(openers_of(spec.tone, split))
+    bank = facts_of(spec.topic, split)
+    facts = rng.sample(bank, min(spec.n_facts, MAX_FACTS, len(bank)))
     content: list[str] = []
     # A response without facts names its topic so that on/off-topic is visible; with facts it sometimes does too.
     if not facts or rng.random() < 0.25:
@@ -132,7 +140,7 @@ def render(spec: ResponseSpec, rng: random.Random) -> str:
     return " " + " ".join(sentences)
 
 
-def sample_response(rng: random.Random, mix: Mix, prompt_topic: str) -> tuple[ResponseSpec, str]:
-    """Draw attributes from `mix` and render them."""
-    spec = sample_spec(rng, mix, prompt_topic)
-    return spec, render(spec, rng)
+def sample_response(rng: random.Random, mix: Mix, prompt_topic: str, split: str = "test") -> tuple[ResponseSpec, str]:
+    """Draw attributes from `mix` and render them, from the topics and templates of `split`."""
+    spec = sample_spec(rng, mix, prompt_topic, split)
+    return spec, render(spec, rng, split)

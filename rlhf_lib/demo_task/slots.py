@@ -5,9 +5,11 @@ data in that format and the demo task go through the same code. Every topic has 
 appears in the prompt and in each of its facts: the gold judge recovers the topic from the prompt text alone and
 detects on/off-topic responses by keyword, so it can score any text the policy writes.
 
-The split is over (topic, ask) combinations: every topic and every ask form appears in training, but the held-out
-combinations never do, so eval measures generalisation to new combinations rather than memorised prompts. It does
-not depend on the data seed, so eval prompts of runs with different seeds stay comparable.
+The split (docs/data.md, "Splits") holds out what the judge reads, not only wording: train, validation and test
+each get their own topics (`TEST_TOPICS`, `VAL_TOPICS`: never a word of any training file), and the (topic, ask)
+combinations held out of the training topics are shared between validation and test. The generator keeps one fact
+template and two openers out of training too (`HELDOUT_FACT_TEMPLATES` here, `responses.HELDOUT_OPENERS`). The split
+does not depend on the data seed, so eval prompts of runs with different seeds stay comparable.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ FACT_TEMPLATES: tuple[str, ...] = (
     "Go slow with {k} at first.",
 )
 TOPICS: dict[str, tuple[str, ...]] = {k: tuple(t.format(k=k) for t in FACT_TEMPLATES) for k in TOPIC_NAMES}
+# Held out of training (docs/data.md, "Splits"): whole topics (their keyword never appears in a training file, not
+# even off-topic) and a fact template (validation and test responses use it; the judge credits it as any fact).
+TEST_TOPICS: tuple[str, ...] = ("hiking", "knitting")
+VAL_TOPICS: tuple[str, ...] = ("fishing", "painting")
+HELDOUT_FACT_TEMPLATES: tuple[str, ...] = ("Go slow with {k} at first.",)
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 ASKS: tuple[str, ...] = (
     "How do I start {t}?",
@@ -55,26 +63,52 @@ def make_prompt(topic: str, ask: int, tone: int = 0) -> str:
     return f"\n\nHuman: {TONES[tone]}{ASKS[ask].format(t=topic)}\n\nAssistant:"
 
 
-def held_out_combos() -> frozenset[Combo]:
-    """(topic, ask) combinations reserved for eval: 19 of 84 (~23%).
+def _combo_split() -> dict[str, frozenset[Combo]]:
+    """train / validation / test: the held-out topics whole, and the training topics' held-out asks.
 
-    Topic i holds out ask i mod 6 (a Latin-square diagonal, so every ask is held out for some topic), and every
-    third topic also holds out ask (i + 3) mod 6. Each topic keeps >= 4 ask forms and each ask form >= 9 topics in
-    training, so nothing about the held-out combos is unseen on its own.
+    Training topic i holds out ask i mod 6 (a Latin-square diagonal, so every ask is held out for some topic), and
+    every third one also ask (i + 3) mod 6; these combinations go alternately to test and validation. Each training
+    topic keeps >= 4 ask forms and each ask form >= 6 topics in training.
     """
     n = len(ASKS)
-    out = set()
-    for i, topic in enumerate(TOPIC_NAMES):
-        out.add((topic, i % n))
+    train_topics = [t for t in TOPIC_NAMES if t not in TEST_TOPICS + VAL_TOPICS]
+    held: list[Combo] = []
+    for i, topic in enumerate(train_topics):
+        held.append((topic, i % n))
         if i % 3 == 0:
-            out.add((topic, (i + 3) % n))
-    return frozenset(out)
+            held.append((topic, (i + 3) % n))
+    every = {(t, a) for t in train_topics for a in range(n)}
+    return {
+        "train": frozenset(every - set(held)),
+        "validation": frozenset(held[1::2]) | {(t, a) for t in VAL_TOPICS for a in range(n)},
+        "test": frozenset(held[0::2]) | {(t, a) for t in TEST_TOPICS for a in range(n)},
+    }
+
+
+def split_combos(split: str) -> frozenset[Combo]:
+    """The (topic, ask) combinations of `split`: "train", "validation" or "test"."""
+    return _combo_split()[split]
+
+
+def held_out_combos() -> frozenset[Combo]:
+    """Every combination kept out of training: validation and test."""
+    return split_combos("validation") | split_combos("test")
 
 
 def train_combos() -> frozenset[Combo]:
-    """All (topic, ask) combinations not held out."""
-    every = {(t, a) for t in TOPIC_NAMES for a in range(len(ASKS))}
-    return frozenset(every - held_out_combos())
+    """The combinations of the training split."""
+    return split_combos("train")
+
+
+def topics_of(split: str) -> tuple[str, ...]:
+    """The topics a response of `split` may talk about (off-topic ones too): training never names a held-out one."""
+    return tuple(t for t in TOPIC_NAMES if split != "train" or t not in TEST_TOPICS + VAL_TOPICS)
+
+
+def facts_of(topic: str, split: str = "test") -> tuple[str, ...]:
+    """The facts of `topic` a response of `split` may state: training never uses `HELDOUT_FACT_TEMPLATES`."""
+    return tuple(t.format(k=topic) for t in FACT_TEMPLATES
+                 if split != "train" or t not in HELDOUT_FACT_TEMPLATES)
 
 
 def prompts_for(combos: frozenset[Combo]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lib.data.records import PairExample
-from rlhf_lib.reward_report import rm_report
+from rlhf_lib.reward_report import adversarial_metrics, adversarial_report, rm_report
 
 
 def test_accuracy_margin_bins_terms_categories_and_mistakes():
@@ -35,3 +35,28 @@ def test_no_categories_no_terms():
     assert rep["accuracy"] == pytest.approx(1 / 3)  # a tie counts as wrong
     assert "by_term" not in rep and "by_category" not in rep
     assert len(rep["mistakes"]) == 2
+
+
+def test_adversarial_report_by_kind_and_topic_pair() -> None:
+    cats = ["loop", "loop", "cut", "topic:yoga>chess", "topic:yoga>chess", "topic:chess>yoga", "topic:chess>yoga",
+            "topic:chess>yoga", "topic:chess>yoga", "topic:chess>yoga"]
+    right = [True, False, True, True, False, True, True, True, True, False]
+    pairs = [PairExample("p", "a", "b", c) for c in cats]
+    rep = adversarial_report(pairs, right, floor=0.8, worst=1)
+    assert rep["pairs"] == 10 and rep["accuracy"] == 0.7
+    assert [(k["kind"], k["pairs"], k["accuracy"]) for k in rep["by_kind"]] == [
+        ("loop", 2, 0.5), ("cut", 1, 1.0), ("topic", 7, 5 / 7)]
+    assert [(t["topic_pair"], t["accuracy"]) for t in rep["topic_pairs"]] == [("yoga vs chess", 0.5),
+                                                                             ("chess vs yoga", 0.8)]
+    assert rep["weak_topic_pairs"] == 1  # 0.8 is not under the floor
+    assert rep["worst_topic_pairs"] == rep["topic_pairs"][:1]
+    metrics = adversarial_metrics(rep)
+    assert metrics == {"reward/adversarial_accuracy": 0.7, "reward/adversarial/loop_accuracy": 0.5,
+                       "reward/adversarial/cut_accuracy": 1.0, "reward/adversarial/topic_accuracy": 5 / 7,
+                       "reward/adversarial/worst_topic_pair_accuracy": 0.5, "reward/adversarial/weak_topic_pairs": 1.0}
+
+
+def test_adversarial_report_without_topic_pairs() -> None:
+    rep = adversarial_report([PairExample("p", "a", "b", "cut")], [False])
+    assert rep["topic_pairs"] == [] and rep["weak_topic_pairs"] == 0
+    assert adversarial_metrics(rep) == {"reward/adversarial_accuracy": 0.0, "reward/adversarial/cut_accuracy": 0.0}

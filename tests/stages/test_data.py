@@ -52,7 +52,7 @@ class FakeRun:
 def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
     from stages import data
     from rlhf_lib.data import read_prompts
-    from rlhf_lib.demo_task import FILE_NAMES
+    from rlhf_lib.demo_task import CONTRACT_FILES, FILE_NAMES
 
     calls, datasets, run = [], [], FakeRun()
 
@@ -68,14 +68,14 @@ def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
     assert data.data_stage.fn(cfg, ctx=None) == "result"
 
     assert calls == [("data", {"data": cfg.data.model_dump()}, "arithmetic")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*FILE_NAMES.values(), "source.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(FILE_NAMES[k] for k in CONTRACT_FILES), "source.json"])
     info = data.source_info(tmp_path)
     assert (info["source"], info["judge"]) == ("arithmetic", None)
     assert info["reward"] == "rlhf_lib.rewards.builtin:exact_match"
     assert not data.has_judge(tmp_path) and data.dataset_name(tmp_path, "sft") == "arithmetic-sft"
     assert info["rows"] == {"sft": 80, "preferences": 40, "prompts_train": 40, "prompts_eval": 8, "eval_pairs": 16}
     assert run.metrics == {f"data/rows_{k}": v for k, v in info["rows"].items()}
-    assert datasets == [f"arithmetic-{k}" for k in FILE_NAMES]
+    assert datasets == [f"arithmetic-{k}" for k in CONTRACT_FILES]
     assert all("answer" in p.columns for p in read_prompts(tmp_path / FILE_NAMES["prompts_eval"]).rows)
     assert 0.0 <= info["stats"]["sft_correct"] <= 1.0
 

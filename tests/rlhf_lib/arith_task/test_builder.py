@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rlhf_lib.arith_task import answer_of, build_arithmetic_task, held_out_blocks, parse_problem, summarize
 from rlhf_lib.config import DataConfig, PipelineConfig
 from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft
-from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.demo_task import CONTRACT_FILES
 
 SMALL = dict(task="arithmetic", n_train_prompts=300, n_eval_prompts=40, sft_per_prompt=2, ranked_per_prompt=1,
              responses_per_list=4, eval_pairs_per_prompt=2, sft_correct=0.4)
@@ -36,8 +36,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_same_seed_same_bytes_other_seed_other_data(tmp_path: Path, built: dict[str, Path]) -> None:
     again, other = build(tmp_path, "b"), build(tmp_path, "c", seed=1)
-    assert set(again) == set(FILE_NAMES)
-    for key in FILE_NAMES:
+    assert set(again) == set(CONTRACT_FILES)
+    for key in CONTRACT_FILES:
         assert again[key].read_bytes() == built[key].read_bytes(), key
         assert other[key].read_bytes() != built[key].read_bytes(), key
 

@@ -19,22 +19,28 @@ from rlhf_lib.data import (
     read_sft,
 )
 from rlhf_lib.demo_task import (
+    ADVERSARIAL_KINDS,
     EVAL_PAIR_MARGIN,
+    TEST_TOPICS,
+    TOPIC_NAMES,
+    VAL_TOPICS,
     build_demo_task,
     gold_breakdown,
     gold_score,
-    held_out_combos,
     prompt_slots,
+    split_combos,
     summarize,
     train_combos,
 )
 from rlhf_lib.demo_task import judge
+from rlhf_lib.demo_task.adversarial import ADVERSARIAL_MARGIN
 from rlhf_lib.demo_task.builder import loop_twin
-from rlhf_lib.demo_task.slots import words
+from rlhf_lib.demo_task.responses import HELDOUT_OPENERS
+from rlhf_lib.demo_task.slots import HELDOUT_FACT_TEMPLATES, words
 
 SMALL = dict(n_train_prompts=40, n_eval_prompts=12, sft_per_prompt=2, ranked_per_prompt=2, responses_per_list=4,
-             eval_pairs_per_prompt=2)
-KEYS = {"sft", "preferences", "prompts_train", "prompts_eval", "eval_pairs"}
+             eval_pairs_per_prompt=2, adversarial_per_topic_pair=1, adversarial_per_kind=6)
+KEYS = {"sft", "preferences", "prompts_train", "prompts_eval", "eval_pairs", "prompts_val", "adversarial_pairs"}
 
 
 def build(tmp: Path, name: str, **overrides: object) -> dict[str, Path]:
@@ -88,15 +94,66 @@ def test_sizes(built: dict[str, Path]) -> None:
 
 
 def test_split_respected(built: dict[str, Path]) -> None:
-    train, held = train_combos(), held_out_combos()
+    train, test, val = train_combos(), split_combos("test"), split_combos("validation")
     for key in ("prompts_train", "sft", "preferences"):
         for row in lines(built[key]):
             slots = prompt_slots(row["prompt"])
             assert slots is not None and slots[:2] in train
-    for key in ("prompts_eval", "eval_pairs"):
+    for key, combos in (("prompts_eval", test), ("eval_pairs", test), ("adversarial_pairs", test),
+                        ("prompts_val", val)):
         for row in lines(built[key]):
             slots = prompt_slots(row["prompt"])
-            assert slots is not None and slots[:2] in held
+            assert slots is not None and slots[:2] in combos, key
+
+
+def test_training_files_never_show_what_is_held_out(built: dict[str, Path]) -> None:
+    """No held-out topic keyword (not even off-topic), fact template or opener in any text training reads."""
+    held_words = set(TEST_TOPICS + VAL_TOPICS)
+    held_phrases = [*HELDOUT_OPENERS, *(t.split("{k}")[0].strip() for t in HELDOUT_FACT_TEMPLATES)]
+    texts = [r["prompt"] for r in lines(built["prompts_train"])]
+    texts += [t for r in lines(built["sft"]) for t in (r["prompt"], r["response"])]
+    texts += [t for r in lines(built["preferences"]) for t in (r["prompt"], *r["responses"])]
+    for text in texts:
+        assert not set(words(text)) & held_words, text
+        assert not any(p in text for p in held_phrases), text
+    # ... while the held-out pairs use them: the test split is not the training distribution.
+    held = " ".join(t for r in lines(built["eval_pairs"]) + lines(built["adversarial_pairs"])
+                    for t in (r["chosen"], r["rejected"]))
+    assert all(p in held for p in held_phrases) and set(words(held)) & set(TEST_TOPICS)
+
+
+def test_validation_swaps_the_reported_split_and_keeps_training(tmp_path: Path, built: dict[str, Path]) -> None:
+    val = build(tmp_path, "val", heldout="validation")
+    for key in ("sft", "preferences", "prompts_train", "prompts_val"):
+        assert val[key].read_bytes() == built[key].read_bytes(), key
+    assert {r["prompt"] for r in lines(val["prompts_eval"])} <= {r["prompt"] for r in lines(built["prompts_val"])}
+    for row in lines(val["eval_pairs"]) + lines(val["adversarial_pairs"]):
+        assert prompt_slots(row["prompt"])[:2] in split_combos("validation")
+
+
+def test_adversarial_pairs(built: dict[str, Path]) -> None:
+    rows = lines(built["adversarial_pairs"])
+    topics = sorted({prompt_slots(r["prompt"])[0] for r in lines(built["prompts_eval"])})
+    kinds = [r["category"].split(":")[0] for r in rows]
+    assert kinds.count("topic") == len(topics) * (len(TOPIC_NAMES) - 1)  # per_topic_pair = 1: every topic pair once
+    assert all(kinds.count(k) == 6 for k in ADVERSARIAL_KINDS[1:])
+    for r in rows:
+        gap = gold_score(r["prompt"], r["chosen"]) - gold_score(r["prompt"], r["rejected"])
+        assert gap >= ADVERSARIAL_MARGIN, r
+        own = prompt_slots(r["prompt"])[0]
+        kind, _, pair = r["category"].partition(":")
+        if kind == "topic":  # the same words but for the keyword
+            mine, other = pair.split(">")
+            assert mine == own and other != own and r["rejected"] == r["chosen"].replace(own, other)
+        elif kind == "loop":
+            assert loop_twin(r["rejected"]) == r["chosen"]
+        elif kind == "cut":
+            assert r["rejected"].rstrip()[-1] not in ".!?" and gold_breakdown(r["prompt"], r["rejected"])["ending"] < 0
+        elif kind in ("politeness", "facts"):  # more words saying nothing the judge counts again
+            assert r["chosen"].strip() in r["rejected"] or kind == "facts"
+            assert len(r["rejected"].split()) > len(r["chosen"].split())
+            gc, gr = gold_breakdown(r["prompt"], r["chosen"]), gold_breakdown(r["prompt"], r["rejected"])
+            assert gc["tone"] == gr["tone"] and gc["detail"] == gr["detail"] and gr["length"] < gc["length"]
 
 
 def test_prompts_cover_pool_before_repeating(tmp_path: Path) -> None:
@@ -136,6 +193,8 @@ def test_files_pass_the_readers(built: dict[str, Path]) -> None:
     assert not read_prompts(built["prompts_train"]).skipped
     assert not read_prompts(built["prompts_eval"]).skipped
     assert not read_pairs(built["eval_pairs"]).skipped
+    assert not read_prompts(built["prompts_val"]).skipped
+    assert {p.category for p in read_pairs(built["adversarial_pairs"]).rows} >= {"loop", "cut", "politeness", "facts"}
 
 
 def test_sft_is_mediocre_and_ranked_lists_span_the_range(built: dict[str, Path]) -> None:
@@ -188,7 +247,8 @@ def test_loop_twins_differ_only_in_the_loop(tmp_path: Path) -> None:
         extra = len(looped) - len(once)  # 2, or 1 where a cut ending kept two of the three copies
         assert extra in (1, 2) and loop_twin(r[4]) == r[5]
         ga, gb = gold_breakdown(row["prompt"], r[4]), gold_breakdown(row["prompt"], r[5])
-        assert ga["repetition"] == -extra * judge.W_LOOPED_WORD and gb["repetition"] == 0.0
+        # At least the loop's penalty (more where the looped word also ends the sentence before: "like it. It It It").
+        assert ga["repetition"] <= -extra * judge.W_LOOPED_WORD and gb["repetition"] == 0.0
         assert {k for k in ga if ga[k] != gb[k]} <= {"repetition", "length"}
 
 
