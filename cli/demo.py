@@ -16,6 +16,8 @@ FIGURES = (
     ("rm_win_rate_vs_sft", "PPO vs SFT: reward model's win rate"),
     ("gold_reward_mean", "PPO: gold reward"),
     ("gold_reward_mean_sft", "SFT: gold reward"),
+    ("gold_reward_mean_new_topics", "PPO: gold on topics never trained on"),
+    ("gold_reward_mean_sft_new_topics", "SFT: gold on topics never trained on"),
     ("best_of_4_gold_mean", "best-of-4 from SFT: gold reward"),
     ("gold_lead_over_best_of_4", "PPO's gold lead over best-of-4"),
     ("best_of_16_gold_mean", "best-of-16 from SFT: gold reward"),

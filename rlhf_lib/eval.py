@@ -47,6 +47,7 @@ class EvalResult:
     lengths: dict[str, list[float]] = field(default_factory=dict)  # response lengths, "PPO policy" and "SFT"
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 % interval of each metric
     gold: list[float] | None = None  # the judge's score of the policy's reply to each prompt, where there is one
+    gold_sft: list[float] | None = None  # and of the SFT model's
 
 
 @torch.inference_mode()
@@ -180,7 +181,7 @@ def evaluate(
         metrics.update(more)
         bounds.update(more_bounds)
     return EvalResult(metrics, sample_rows(prompts, pol, base, cfg.samples_in_report),
-                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, bounds, pol.gold)
+                      {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, bounds, pol.gold, base.gold)
 
 
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],

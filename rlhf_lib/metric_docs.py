@@ -182,6 +182,10 @@ EVAL = (
        "PPO against best-of-n on the same prompts: its gold lead (mean of the per-prompt difference) and win rates "
        "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
        "its KL than sampling and reranking"),
+    _m("eval/gold_reward_mean_<group> eval/gold_reward_mean_sft_<group> eval/win_rate_vs_sft_<group>",
+       "demo task: gold of policy and SFT and the gold win rate on prompts about topics training never saw "
+       "(group new_topics) and about training topics asked in new ways (seen_topics)", "a gain on seen_topics "
+       "only: the policy learned the training topics, not the skill"),
     _m("eval/constant_reply_gold_mean eval/gold_lead_over_constant_reply eval/win_rate_vs_constant_reply",
        "demo task: the best constant reply (one template with the topic filled in, picked by the RM on validation "
        "prompts; its text is in the report's lineage): its gold on the eval prompts, PPO's lead over it and PPO's "

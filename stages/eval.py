@@ -13,7 +13,7 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
-from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
+from rlhf_lib.demo_task import FILE_NAMES, TEST_TOPICS, VAL_TOPICS, gold_breakdown, gold_score, parse_topic
 from rlhf_lib.demo_task.constant import best_constant, fill
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
@@ -94,6 +94,20 @@ def constant_reply(cfg: PipelineConfig, data_dir: Path, reward, tokenizer, promp
     return {k: sum(v) / len(v) for k, v in rows.items()}, {k: mean_interval(v) for k, v in rows.items()}, template
 
 
+def by_topic_group(prompts: list[str], policy_gold: list[float], sft_gold: list[float]) -> tuple[dict, dict]:
+    """The demo task's gold figures on prompts about topics training never saw (`new_topics`: the held-out split's
+    own topics) and about training topics asked in new ways (`seen_topics`), with their intervals."""
+    new = set(TEST_TOPICS + VAL_TOPICS)
+    rows: dict[str, list[float]] = {}
+    for group, keep in (("new_topics", True), ("seen_topics", False)):
+        idx = [i for i, p in enumerate(prompts) if (parse_topic(p) in new) == keep]
+        if idx:
+            pol, sft = [policy_gold[i] for i in idx], [sft_gold[i] for i in idx]
+            rows[f"gold_reward_mean_{group}"], rows[f"gold_reward_mean_sft_{group}"] = pol, sft
+            rows[f"win_rate_vs_sft_{group}"] = win_indicators(pol, sft).tolist()
+    return {k: sum(v) / len(v) for k, v in rows.items()}, {k: mean_interval(v) for k, v in rows.items()}
+
+
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
            judges: dict[str, str] | None = None):
     def build(run: StageRun, out_dir: Path) -> None:
@@ -136,6 +150,10 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
         template = None
+        if result.gold is not None and result.gold_sft is not None and has_judge(data_dir):
+            more, more_bounds = by_topic_group(prompts, result.gold, result.gold_sft)
+            metrics.update(more)
+            bounds.update(more_bounds)
         if (cfg.eval.constant_reply_prompts and result.gold is not None and reward is not None and own is None
                 and optional_digest(data_dir, "prompts_val")):
             more, more_bounds, template = constant_reply(cfg, data_dir, reward, tokenizer, prompts, result.gold,
