@@ -56,7 +56,7 @@ PIPELINE_MODULES = ("prefect", "mlflow", "datasets", "pandas", "matplotlib", "ps
 TOLERANCE = {"float32": (1e-4, 1e-3), "bf16": (1e-2, 5e-2)}  # (atol, rtol)
 CHECKED_STAGES = ("data", "sft", "reward")  # no sampling before PPO
 NOT_COMPARED = re.compile(r"^time/|_s$|seconds|per_s|mem|rss")  # timings and sizes of this machine
-DISCRETE = re.compile(r"accuracy|win_rate|frac|_lead\b|baseline/")  # counts of pairs or prompts: one flips
+DISCRETE = re.compile(r"accuracy|win_rate|frac|_lead\b|baseline/|adversarial/")  # counts of pairs or prompts: one flips
 PLAN_ARGV = ["plan", "--json", "--stage", "ppo", "--config"]  # + the config file: `rlhf plan` (rlhf_lib/memory.py)
 
 
