@@ -9,9 +9,13 @@ for SFT). The overrides give SFT enough steps to write whole answers that end, a
 ranked lists, and a KL penalty that keeps PPO near what the reward model knows. With 8 SFT epochs instead of 12, one
 seed of three wrote responses that ran to the 32-token limit (SFT length 31.8, PPO's win rate 0.53).
 
-The margins come from the measured spread (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`): win rate 0.891,
-0.906, 0.844 (mean 0.880, sd 0.033); gold gain over SFT 0.80, 0.61, 0.59 (mean 0.67, sd 0.12). Each seed must clear
-about the mean minus three standard deviations: win rate > 0.75, gold gain > 0.3.
+The margins come from the measured spread on the demo's test split, which since issue 37 holds topics no training
+file names (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`, 2026-12-06): gold gain over SFT 0.43, 0.22, 0.76
+(mean 0.47, sd 0.27); win rate 0.719, 0.656, 0.984 (mean 0.79, sd 0.17). On the old split (only new asks of trained
+topics) they were 0.80 / 0.61 / 0.59 and 0.891 / 0.906 / 0.844, and each seed had to clear the mean minus three
+standard deviations. Here that bound is below zero, so the test asks what a learning pipeline must show on every
+seed: a gold gain above 0.1 and a win rate above 0.6 (seed 1, the weakest of the two tested, clears them by 0.12 and
+0.056).
 """
 
 from __future__ import annotations
@@ -48,5 +52,5 @@ def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
     result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
     for seed, summary in result["seeds"].items():
         ev = summary["eval"]
-        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.3, (seed, ev)
-        assert ev["win_rate_vs_sft"] > 0.75, (seed, ev)
+        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.1, (seed, ev)
+        assert ev["win_rate_vs_sft"] > 0.6, (seed, ev)
