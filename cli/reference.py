@@ -15,7 +15,7 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.metric_docs import RUNS
 from rlhf_lib.ppo.alarms import RULES
 
-PRESETS = ("demo", "micro", "arithmetic", "gpt2-124m", "pythia-160m", "qwen-0.5b")
+PRESETS = ("demo", "micro", "arithmetic", "arithmetic-tool", "gpt2-124m", "pythia-160m", "qwen-0.5b")
 RUN_TITLES = {"ppo": "PPO run (`ppo-<key>`), one value per iteration", "sft": "SFT run, one value per step",
               "reward": "Reward run, one value per step", "data": "Data run", "eval": "Eval run"}
 

@@ -1,9 +1,10 @@
 """Parameters are data, never code: what a pipeline run that arrives through a deployment (the Prefect API: a
 flow run created by `prefect deployment run`, the UI, an HTTP client) may name.
 
-Such a run chooses data, models and numbers. Three keys make the worker run code it was not installed with:
-`model.trust_remote_code` and `reward.trust_remote_code` (a checkpoint's own Python files) and
-`ppo.rewards[].function` (any importable `module:function`, imported while the PPO cache key is computed). A
+Such a run chooses data, models and numbers. Four keys make the worker run code it was not installed with:
+`model.trust_remote_code` and `reward.trust_remote_code` (a checkpoint's own Python files),
+`ppo.rewards[].function` (any importable `module:function`, imported while the PPO cache key is computed) and
+`ppo.environment` (a `module:Class` run at every rollout turn; the built-in `calculator` is always allowed). A
 deployment run may set them only where the host that runs it allows them in its own settings, never through a
 parameter:
 
@@ -11,7 +12,8 @@ parameter:
 - `<state>/allow-code.txt` (one entry per line, `#` comments),
 
 each a list of entries: `model.trust_remote_code`, `reward.trust_remote_code`, `function:package.module:function`,
-`function:package.module:*` (every function of that module). The project's own reward functions
+`function:package.module:*` (every function of that module), `environment:package.module:Class`. The project's own
+reward functions
 (`rlhf_lib.rewards.builtin`) are always allowed. `rlhf run` on the command line is the host itself: its config is
 not checked. docs/operations.md ("Security") says the rest: Prefect API access means running pipelines.
 """
@@ -22,6 +24,7 @@ import os
 from pathlib import Path
 
 from rlhf_lib.config import ConfigError, PipelineConfig
+from rlhf_lib.envs import BUILTIN as BUILTIN_ENVIRONMENTS
 
 ENV = "RLHF_ALLOW_CODE"
 FILE_NAME = "allow-code.txt"
@@ -34,6 +37,9 @@ def code_requests(cfg: PipelineConfig) -> list[tuple[str, str]]:
            for section in ("model", "reward") if getattr(cfg, section).trust_remote_code]
     out += [(f"ppo.rewards[{i}].function", f"function:{r.function}")
             for i, r in enumerate(cfg.ppo.rewards) if r.kind == "function" and r.function]
+    env = cfg.ppo.environment
+    if env is not None and env not in BUILTIN_ENVIRONMENTS:
+        out.append(("ppo.environment", f"environment:{env}"))
     return out
 
 
@@ -48,12 +54,13 @@ def host_allowed(state: Path) -> set[str]:
 
 
 def is_allowed(entry: str, allowed: set[str]) -> bool:
-    """Whether `entry` is on the list, itself or (a function) by its module's `module:*`."""
+    """Whether `entry` is on the list, itself or (a function, an environment) by its module's `module:*`."""
     if entry in allowed:
         return True
-    if entry.startswith("function:"):
-        module = entry.removeprefix("function:").partition(":")[0]
-        return f"function:{module}:*" in allowed
+    for prefix in ("function:", "environment:"):
+        if entry.startswith(prefix):
+            module = entry.removeprefix(prefix).partition(":")[0]
+            return f"{prefix}{module}:*" in allowed
     return False
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlhf_lib.config import EvalConfig
+from rlhf_lib.envs.base import format_turns
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.lm.generation import decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.lm.kl import kl_per_token
@@ -21,6 +22,8 @@ from rlhf_lib.rewards.combine import RewardSet
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from rlhf_lib.envs.episodes import EpisodeRunner
 
 Judge = Callable[[str, str], float]
 Terms = Callable[[str, str], dict[str, float]]  # the judge's score term by term (the demo task's gold_breakdown)
@@ -38,6 +41,7 @@ class Generations:
     gold: list[float] | None = None
     terms: dict[str, list[float]] | None = None  # the judge's terms per response, by term name
     parts: dict[str, torch.Tensor] = field(default_factory=dict)  # each reward source's raw score, by name
+    turns: list[str] | None = None  # multi-turn: each episode turn by turn ("policy: ... | tool: ... | ...")
 
 
 @dataclass
@@ -54,28 +58,41 @@ class EvalResult:
 def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None,
-    chunk: int | None = None, terms: Terms | None = None,
+    chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
 ) -> Generations:
     """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
     response with the reward sources (`rewards`: the RM through its own tokenizer where it has one, functions,
-    endpoints), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge. The models may sit on any device; the figures come back as
-    float32 on the CPU. `chunk`: response positions projected to the vocabulary at a time in the KL's log-probs."""
+    endpoints), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge. The models may
+    sit on any device; the figures come back as float32 on the CPU. `chunk`: response positions projected to the vocabulary at a time in the KL's log-probs.
+    With a `runner` (ppo.environment) each prompt is a multi-turn episode: the KL and the length count the policy's
+    own tokens, the text is the last policy turn and `turns` holds each episode turn by turn."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    texts, scores, parts, lengths, eos, kls = [], [], [], [], [], []
+    texts, scores, parts, lengths, eos, kls, turns = [], [], [], [], [], [], []
     batch_size = cfg.batch_size
     for i in range(0, len(prompts), batch_size):
         q, qm = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_tokens)
-        r, rm, logp = sample(model, q, qm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=gen)
+        chunk_prompts, extra = prompts[i : i + batch_size], {}
+        if runner is not None:
+            ep = runner(model, chunk_prompts, q, qm, cfg.temperature, gen)
+            r, rm, act = ep.response, ep.response_mask, ep.action_mask
+            logp, _ = response_logprobs(model, q, qm, r, rm, cfg.temperature, chunk=chunk)
+            extra = {"env_returns": ep.returns, "completions": [t[-1].text for t in ep.turns]}
+            turns += [format_turns(t) for t in ep.turns]
+            texts += extra["completions"]
+        else:
+            r, rm, logp = sample(model, q, qm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                 generator=gen)
+            act = rm
+            texts += decode_responses(tokenizer, r, rm)
         ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)
-        texts += decode_responses(tokenizer, r, rm)
         device = r.device
-        got = rewards(prompts[i : i + batch_size], q.to(device), qm.to(device), r, rm)
+        got = rewards(chunk_prompts, q.to(device), qm.to(device), r, rm, **extra)
         scores.append(got.total.float().cpu())
         parts.append({k: v.float().cpu() for k, v in got.parts.items()})
-        lengths.append(rm.sum(1).float().cpu())
+        lengths.append(act.sum(1).float().cpu())
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id).cpu())
-        kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), rm, dim=1).float().cpu())
+        kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), act, dim=1).float().cpu())
     gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
     by_term = None
     if terms is not None:
@@ -83,7 +100,7 @@ def generate_and_score(
         by_term = {name: [r[name] for r in rows] for name in (rows[0] if rows else {})}
     by_source = {name: torch.cat([p[name] for p in parts]) for name in (parts[0] if parts else {})}
     return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold, by_term,
-                       by_source)
+                       by_source, turns or None)
 
 
 def win_rate(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> float:
@@ -160,24 +177,26 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
             "sft_gold": None if sft.gold is None else round(sft.gold[i], 4),
             "ppo_gold": None if policy.gold is None else round(policy.gold[i], 4),
         } | {f"{who}_{name}": round(float(g.parts[name][i]), 4) for name in source_figures(policy)
-             for who, g in (("sft", sft), ("ppo", policy))})
+             for who, g in (("sft", sft), ("ppo", policy))}
+          | ({} if policy.turns is None else {"sft_turns": sft.turns[i], "ppo_turns": policy.turns[i]}))
     return rows
 
 
 def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
-    chunk: int | None = None, terms: Terms | None = None,
+    chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
     one where the task has them, and a 95 % interval of every figure."""
     args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    kw = {"chunk": chunk, "terms": terms}
+    kw = {"chunk": chunk, "terms": terms, "runner": runner}
     pol = generate_and_score(policy, sft, *args, **kw)
     base = generate_and_score(sft, sft, *args, **kw)
     metrics, bounds = compare(pol, base), intervals(pol, base)
     if cfg.best_of:
-        more, more_bounds = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk, pol)
+        more, more_bounds = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk, pol,
+                                      runner)
         metrics.update(more)
         bounds.update(more_bounds)
     return EvalResult(metrics, sample_rows(prompts, pol, base, cfg.samples_in_report),
@@ -186,7 +205,8 @@ def evaluate(
 
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
               cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, chunk: int | None,
-              policy: Generations) -> tuple[dict[str, float | None], dict[str, tuple[float, float]]]:
+              policy: Generations, runner: EpisodeRunner | None = None,
+              ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
     reward sources score highest kept, judged like the policy's replies on the same prompts. Per n: the kept replies'
@@ -195,7 +215,7 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
     m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
     sub = list(prompts[:m])
     draws = [generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
-                                max_prompt_tokens, judge, chunk=chunk) for k in range(max(cfg.best_of))]
+                                max_prompt_tokens, judge, chunk=chunk, runner=runner) for k in range(max(cfg.best_of))]
     scores = torch.stack([d.scores for d in draws], 1)  # (m, max n)
     lengths = torch.stack([d.lengths for d in draws], 1)
     gold = torch.tensor([d.gold for d in draws], dtype=torch.float32).T if judge else None  # (m, max n)

@@ -156,7 +156,7 @@ def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
     tb, fb, n = DTYPE_BYTES[ms.dtype], DTYPE_BYTES[r.frozen_dtype], r.num_processes
     act_t, act_f = (2, 2) if r.mixed_precision != "no" else (tb, fb)
     t = _cap(cfg.model.n_positions, p)
-    resp = min(c.max_new_tokens, t - 1)
+    resp = min(c.response_tokens, t - 1)  # a multi-turn episode: its whole budget
     chunk, rows = min(c.logprob_chunk or resp, resp), math.ceil(c.batch_size / n)
     s_rows = min(c.score_batch_size, rows)
     phases = {

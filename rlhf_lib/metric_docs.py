@@ -82,8 +82,11 @@ PPO = (
     _m("update/epochs", "PPO epochs actually run (fewer than `ppo.epochs` when `ppo.early_stop_kl` fired)",
        "1 every iteration: the bound is too tight or the lr too high"),
     _m("update/critic_warmup", "1 during the `ppo.critic_warmup` value-only iterations"),
-    _m("response/length_mean response/length_max", "response tokens including EOS",
-       "mean climbing toward `ppo.max_new_tokens`: length explosion"),
+    _m("response/length_mean response/length_max", "response tokens including EOS (multi-turn: the policy's own "
+       "tokens over all its turns)", "mean climbing toward `ppo.max_new_tokens`: length explosion"),
+    _m("env/turns_mean env/tokens_mean env/return_mean", "multi-turn rollouts (`ppo.environment`): policy turns per "
+       "episode, the environment's tokens per episode, and the environment's summed reward",
+       "turns stuck at 1 (the policy never calls the tool) or at `ppo.max_turns` (it never stops calling it)"),
     _m("response/no_eos_frac", "share of responses that hit `ppo.max_new_tokens` without EOS",
        "rising toward 1: the policy stopped stopping"),
     _m("time/rollout_s time/score_s time/gae_s time/update_s time/iteration_s time/tokens_per_s",

@@ -185,14 +185,14 @@ def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     validate the user's data (`data.*` sources), and log the five files as versioned data sets."""
     ctx = on_node(ctx, config.resources)  # on machine_rank > 0: node 0's data, once it is in MLflow
     if config.data.task == "arithmetic":  # the config refuses arithmetic with user data
-        result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "arithmetic",
+        result, _ = run_cached(ctx, "data", {"data": config.data.key()}, {}, "arithmetic",
                                _build_arithmetic(config))
         return as_state(result)
     if not config.data.user_data:
-        result, _ = run_cached(ctx, "data", {"data": config.data.model_dump()}, {}, "demo", _build_demo(config))
+        result, _ = run_cached(ctx, "data", {"data": config.data.key()}, {}, "demo", _build_demo(config))
         return as_state(result)
     m = config.model
-    section = {"data": config.data.model_dump(),
+    section = {"data": config.data.key(),
                "model": {"name_or_path": m.name_or_path, "revision": m.revision, "trust_remote_code": m.trust_remote_code}}
     result, _ = run_cached(ctx, "data", section, {}, user_fingerprint(config), _build_user(config))
     return as_state(result)

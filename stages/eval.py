@@ -17,6 +17,8 @@ from rlhf_lib.demo_task import FILE_NAMES, TEST_TOPICS, VAL_TOPICS, gold_breakdo
 from rlhf_lib.demo_task.constant import best_constant, fill
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.envs import environment_digest
+from rlhf_lib.envs.episodes import EpisodeRunner
 from rlhf_lib.eval import evaluate
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.memory import preflight
@@ -141,11 +143,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
-        max_prompt = cfg.model.n_positions - cfg.eval.max_new_tokens
+        per_turn = cfg.ppo.model_copy(update={"max_new_tokens": cfg.eval.max_new_tokens})
+        max_prompt = cfg.model.n_positions - per_turn.response_tokens
         precision = autocast(device, cfg.resources.mixed_precision)
         with precision():
+            runner = EpisodeRunner.build(cfg.ppo, tokenizer, prompts, rewards.columns, cfg.eval.max_new_tokens)
             result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
-                              chunk=cfg.ppo.logprob_chunk, terms=terms)
+                              chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
@@ -230,6 +234,10 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                "resources": {"mixed_precision": config.resources.mixed_precision},
                "rewards": [s.model_dump() for s in config.ppo.rewards],
                "reward_code": reward_code(config.ppo.rewards)}
+    if config.ppo.environment:  # the eval's episodes run the environment too
+        section["environment"] = {"name": config.ppo.environment, "max_turns": config.ppo.max_turns,
+                                  "max_episode_tokens": config.ppo.max_episode_tokens,
+                                  "code": environment_digest(config.ppo.environment)}
     judges, judge_ids = judge_models(config.ppo.rewards)
     if judge_ids:
         section["judges"] = judge_ids

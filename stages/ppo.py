@@ -25,6 +25,7 @@ from rlhf_lib.config.base import KEEP_SECRETS
 from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES
+from rlhf_lib.envs import environment_digest
 from rlhf_lib.events import Checkpoint, Event, Resumed
 from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
@@ -68,9 +69,8 @@ LOOP_TASKS = frozenset(PHASE_TASKS)
 
 
 class QuietLoopTasks(logging.Filter):
-    """Drops the records below WARNING that Prefect's task engine logs for the loop's four tasks: its "Finished in
-    state Completed()" line, four per PPO iteration. The task runs and their states still reach the server (the UI
-    shows every one); a failed task still logs its error."""
+    """Drops the records below WARNING that Prefect's task engine logs for the loop's four tasks ("Finished in state
+    Completed()", four per iteration); the task runs still reach the server, and a failed task still logs its error."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING or getattr(record, "task_name", None) not in LOOP_TASKS
@@ -184,7 +184,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_train']}",
                     dataset_name(data_dir, "prompts_train"), "training", file_digest(data_dir, "prompts_train"))
         tokenizer = load_tokenizer(sft_dir, trust_remote_code=cfg.model.trust_remote_code)
-        max_prompt = cfg.model.n_positions - cfg.ppo.max_new_tokens
+        max_prompt = cfg.model.n_positions - cfg.ppo.response_tokens
         run.log_metrics({"ppo/truncated_prompts": prompt_truncations(tokenizer, prompts, max_prompt)}, step=0)
         heldout = ([p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_eval"]).rows]
                    if cfg.ppo.eval_every else [])
@@ -277,14 +277,15 @@ def ppo_stage(
         get_run_logger().warning("ppo: the reward stage raised alarm rm_no_edge: %s", alarm)
     data_dir = download(data.artifact_uri, data.digest)
     # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
-    section = {"ppo": config.ppo.model_dump(), "model": {"n_positions": config.model.n_positions,
-                                                         "dtype": config.model.dtype},
+    section = {"ppo": config.ppo.key(), "model": {"n_positions": config.model.n_positions, "dtype": config.model.dtype},
                "resources": {"mixed_precision": config.resources.mixed_precision,
                              "frozen_dtype": config.resources.frozen_dtype}}
     if config.ppo.ptx_coef > 0:  # the demonstrations' length
         section["sft"] = {"max_length": config.sft.max_length}
     if code := reward_code(config.ppo.rewards):
         section["reward_code"] = code
+    if config.ppo.environment:  # an edited environment reruns PPO
+        section["environment_code"] = environment_digest(config.ppo.environment)
     # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
     fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
                                                             if config.ppo.eval_every else "")

@@ -36,7 +36,9 @@ def test_every_config_key_is_in_the_reference():
 
 
 @pytest.mark.parametrize("options", [{}, {"critic": "shared", "ptx_coef": 0.1, "reward_clip": 1.0},
-                                     {"advantage_estimator": "rloo", "group_size": 2}])
+                                     {"advantage_estimator": "rloo", "group_size": 2},
+                                     {"environment": "tests.rlhf_lib.ppo.test_multiturn:ScriptedEnv", "max_turns": 2,
+                                      "max_episode_tokens": 32, "rewards": [{"name": "env", "kind": "environment"}]}])
 def test_every_ppo_metric_is_documented(tiny_tokenizer, tiny_policy, options):
     from rlhf_lib.models import build_scalar_model
     from rlhf_lib.ppo.trainer import PPOModels, PPOTrainer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from typing import Any
 
 from .problems import Problem
@@ -91,3 +92,20 @@ def eval_pair(rng: random.Random, problem: Problem) -> dict[str, str]:
     """A held-out pair: the right answer chosen, a slip rejected."""
     (wrong,) = distinct_wrong(rng, problem, 1)
     return {"prompt": problem.prompt, "chosen": render(problem.answer), "rejected": render(wrong)}
+
+
+def tool_call(problem: Problem) -> str:
+    """The policy's call of the calculator environment (rlhf_lib/envs/calculator.py): `" <calc>37 + 48</calc>"`."""
+    return f" <calc>{problem.a} + {problem.b}</calc>"
+
+
+def tool_demonstrations(rng: random.Random, problem: Problem, p_correct: float, eos: str,
+                        observation: Callable[[str], str]) -> list[dict[str, str]]:
+    """The two SFT rows of one demonstration with the calculator: the call (the first policy turn), then the answer
+    after the tool's reply (the second), right with probability `p_correct` as `demonstration`'s. The second row's
+    prompt holds the first turn, its `eos` and the observation as a rollout writes them (`observation`: the
+    environment's text after the policy's EOS), so SFT trains every policy turn and never a tool token."""
+    call = tool_call(problem)
+    answer = demonstration(rng, problem, p_correct)
+    then = problem.prompt + call + eos + observation(str(problem.answer))
+    return [{"prompt": problem.prompt, "response": call}, {"prompt": then, "response": answer}]

@@ -15,7 +15,9 @@ from typing import Any
 from ..config import DataConfig
 from ..data.records import read_pairs, read_prompts, read_ranked, read_sft, write_jsonl
 from ..demo_task.builder import FILE_NAMES
-from .answers import answer_of, demonstration, eval_pair, ranked_list
+from ..envs.render import transcript_observation
+from ..models import EOS_TOKEN
+from .answers import answer_of, demonstration, eval_pair, ranked_list, tool_demonstrations
 from .problems import Problem, parse_problem, problems
 
 
@@ -41,7 +43,8 @@ def _prompt_row(problem: Problem) -> dict[str, str]:
 def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
     """Write the arithmetic task's five JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}.
 
-    Sizes: `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations
+    With `cfg.tool` ("calculator") each demonstration is two rows: the calculator call, and the answer after the
+    tool's reply (`tool_demonstrations`). Sizes: `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations
     (each right with probability `sft_correct`) and `ranked_per_prompt` ranked lists of `responses_per_list`;
     `n_eval_prompts` held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each.
     """
@@ -52,8 +55,12 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Pat
     evals = _draw(_rng(seed, "prompts_eval"), problems(held_out=True), cfg.n_eval_prompts)
 
     rng = _rng(seed, "sft")
-    sft = [{"prompt": p.prompt, "response": demonstration(rng, p, cfg.sft_correct)}
-           for p in train for _ in range(cfg.sft_per_prompt)]
+    if cfg.tool == "calculator":  # the call, then the answer after the tool's reply: two rows per demonstration
+        sft = [row for p in train for _ in range(cfg.sft_per_prompt)
+               for row in tool_demonstrations(rng, p, cfg.sft_correct, EOS_TOKEN, transcript_observation)]
+    else:
+        sft = [{"prompt": p.prompt, "response": demonstration(rng, p, cfg.sft_correct)}
+               for p in train for _ in range(cfg.sft_per_prompt)]
     rng = _rng(seed, "preferences")
     prefs = [ranked_list(rng, p, cfg.responses_per_list) for p in train for _ in range(cfg.ranked_per_prompt)]
     rng = _rng(seed, "eval_pairs")
@@ -78,7 +85,7 @@ def _right(prompt: str, response: str) -> bool:
 def summarize(paths: dict[str, Path]) -> dict[str, float]:
     """Statistics of built files (for source.json, the README and sanity checks).
 
-    Keys: `sft_correct` (share of right demonstrations), `sft_distinct_problems`, `ranked_best_correct` (share of
+    Keys: `sft_correct` (share of right answers among the demonstrations), `sft_distinct_problems`, `ranked_best_correct` (share of
     lists ranking the right answer first: 1.0), `eval_chosen_correct` / `eval_rejected_correct` (1.0 / 0.0),
     `eval_distinct_problems`.
     """
@@ -87,8 +94,9 @@ def summarize(paths: dict[str, Path]) -> dict[str, float]:
     pairs = read_pairs(paths["eval_pairs"]).rows
     evals = read_prompts(paths["prompts_eval"]).rows
     return {
-        "sft_correct": fmean(_right(e.prompt, e.response) for e in sft),
-        "sft_distinct_problems": float(len({e.prompt for e in sft})),
+        # With the calculator, the call rows give no answer: the share is over the answer rows.
+        "sft_correct": fmean(_right(e.prompt, e.response) for e in sft if "<calc>" not in e.response),
+        "sft_distinct_problems": float(len({parse_problem(e.prompt) for e in sft})),
         "ranked_best_correct": fmean(_right(e.prompt, e.responses[0]) for e in ranked),
         "eval_chosen_correct": fmean(_right(e.prompt, e.chosen) for e in pairs),
         "eval_rejected_correct": fmean(_right(e.prompt, e.rejected) for e in pairs),

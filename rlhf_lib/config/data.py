@@ -58,6 +58,10 @@ class DataConfig(Section):
     sft_correct: float = Field(
         0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
+    tool: Literal["calculator"] | None = Field(
+        None, description="Arithmetic task: demonstrations that call the calculator environment (\" <calc>37 + "
+        "48</calc>\", then the answer after the tool's reply; docs/environments.md); pair with ppo.environment: "
+        "calculator. Null = the answer directly.")
     # User data (README "Your own data and models"): a source is a local file (.jsonl, .json, .csv, .parquet), a
     # local directory of data files, or a hub data set name, read through `datasets`.
     preferences: str | None = Field(None, description="Preference data (pairs or ranked lists): file, directory or "
@@ -101,6 +105,11 @@ class DataConfig(Section):
     hub_revision: str | None = Field(None, description="Git revision of hub data sets; pin it for reproducible "
                                      "data.")
 
+    def key(self) -> dict:
+        """The config as the data stage's cache key reads it: without `tool` when it is unset, so the key of a task
+        without tools is what it was before the key existed."""
+        return self.model_dump(exclude={"tool"} if self.tool is None else None)
+
     @property
     def user_data(self) -> bool:
         """Whether the pipeline runs on user data rather than the demo task."""
@@ -116,6 +125,8 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _arithmetic_is_built_in(self) -> "DataConfig":
+        if self.tool is not None and self.task != "arithmetic":
+            raise ValueError("data.tool: tool demonstrations are built for data.task=arithmetic only")
         if self.task == "arithmetic" and self.preferences is not None:
             raise ValueError("data.task=arithmetic builds its own data: unset data.preferences (user data), or use "
                              "data.task=demo")

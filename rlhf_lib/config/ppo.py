@@ -60,6 +60,16 @@ class PPOConfig(Section):
         default_factory=default_rewards, description="Reward sources, each {name, kind: model|function|http, weight, "
         "...}; their weighted sum is the score on the last real token. Default: the reward stage's RM alone. "
         "Without a source of kind model the reward stage does not run.")
+    # Multi-turn rollouts (docs/environments.md).
+    environment: str | None = Field(None, description="Multi-turn rollouts against an environment: a built-in "
+                                    "(calculator) or package.module:Class (a deployment run needs the host's "
+                                    "allow-list entry environment:package.module:Class). Its rewards are the "
+                                    "reward source of kind environment. Null = one prompt, one reply.")
+    max_turns: int = Field(1, ge=1, description="With ppo.environment: most policy turns per episode; each turn "
+                           "samples up to max_new_tokens.")
+    max_episode_tokens: int | None = Field(None, ge=1, description="With ppo.environment: most response tokens "
+                                           "per episode, the policy's and the environment's; null = max_turns x "
+                                           "max_new_tokens.")
     whiten_rewards: bool = Field(False, description="Normalise scores by a running mean and std over all rollouts.")
     reward_clip: float | None = Field(None, gt=0, description="Clip the (normalised) score to [-c, c]; null = off.")
     # Critic.
@@ -157,6 +167,18 @@ class PPOConfig(Section):
              f"with ppo.advantage_estimator={self.advantage_estimator}"),
         ]
         check_rewards(self.rewards)
+        has_env_source = any(r.kind == "environment" for r in self.rewards)
+        checks += [
+            (has_env_source and self.environment is None,
+             "ppo.rewards: a source of kind environment needs ppo.environment (the environment that gives it)"),
+            (self.environment is not None and not has_env_source,
+             f"ppo.environment={self.environment!r}: add its reward to ppo.rewards ({{name: env, kind: environment}}"
+             "): without it the environment's rewards would be dropped"),
+            (self.environment is None and self.max_turns > 1,
+             f"ppo.max_turns={self.max_turns} needs ppo.environment: without one an episode is one reply"),
+            (self.environment is not None and self.rollout_engine == "vllm",
+             "ppo.environment: multi-turn rollouts run on rollout_engine 'hf' only"),
+        ]
         checks.append((self.keep == "best" and self.eval_every is None,
                        "ppo.keep=best needs ppo.eval_every: the best policy is chosen at the held-out evaluations"))
         for bad, message in checks:
@@ -168,6 +190,28 @@ class PPOConfig(Section):
     def reward_model(self) -> RewardSource | None:
         """The source of kind model, if any: PPO then loads a frozen reward model."""
         return next((r for r in self.rewards if r.kind == "model"), None)
+
+    def key(self) -> dict:
+        """The config as the PPO stage's cache key reads it: without the multi-turn keys when there is no
+        environment, so a single-turn run's key is what it was before they existed."""
+        drop = {"environment", "max_turns", "max_episode_tokens"} if self.environment is None else None
+        return self.model_dump(exclude=drop)
+
+    @property
+    def response_tokens(self) -> int:
+        """The longest response a rollout can hold: max_new_tokens, or a multi-turn episode's budget (policy and
+        environment tokens); the prompt gets what is left of the model's positions."""
+        return self.episode_tokens if self.environment else self.max_new_tokens
+
+    @property
+    def policy_tokens(self) -> int:
+        """The most tokens the policy itself can write in one response (the length alarm's ceiling)."""
+        return self.max_turns * self.max_new_tokens if self.environment else self.max_new_tokens
+
+    @property
+    def episode_tokens(self) -> int:
+        """The response budget of one episode (ppo.max_episode_tokens, or max_turns x max_new_tokens)."""
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens
 
     @property
     def has_critic(self) -> bool:

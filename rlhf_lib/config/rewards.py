@@ -22,10 +22,11 @@ class RewardSource(Section):
     that sum)."""
 
     name: str = Field(description="Name of the source in the metrics and the report (letters, digits, _ . -).")
-    kind: Literal["model", "judge", "function", "http"] = Field(
+    kind: Literal["model", "judge", "function", "http", "environment"] = Field(
         description="model: a trained reward model; judge: a causal language model grading each reply from its "
         "next-token probabilities (rlhf_lib/rewards/judge.py); function: a Python callable on decoded text; http: a "
-        "reward endpoint (the protocol of `rlhf serve-reward`).")
+        "reward endpoint (the protocol of `rlhf serve-reward`); environment: the sum of ppo.environment's rewards "
+        "over the episode.")
     weight: float = Field(1.0, description="Weight of this source in the summed score.")
     model: str | None = Field(None, description="kind model: an MLflow model URI (models:/rlhf-reward@champion, "
                               "models:/rlhf-reward/3, runs:/<id>/model) used instead of the reward stage's RM; "
@@ -70,7 +71,8 @@ class RewardSource(Section):
         needs = {"function": "function", "http": "url", "judge": "template"}
         judge_keys = {"model", "template", "score", "rating_max", "max_length", "batch_size"}
         own = {"model": {"model"}, "judge": judge_keys, "function": {"function", "params"},
-               "http": {"url", "version", "token_env", "timeout_s", "retries", "verify_tls", "batch_size"}}
+               "http": {"url", "version", "token_env", "timeout_s", "retries", "verify_tls", "batch_size"},
+               "environment": set()}
         if self.kind in needs and getattr(self, needs[self.kind]) is None:
             raise ValueError(f"{where}: kind {self.kind} needs {needs[self.kind]}")
         others = set().union(*(keys for kind, keys in own.items() if kind != self.kind)) - own[self.kind]
@@ -96,7 +98,7 @@ class RewardSource(Section):
     def describe(self) -> str:
         """How errors name the source: `reward 'len' (function mypkg.rewards:length)`."""
         what = {"model": self.model or "the reward stage's model", "judge": self.model, "function": self.function,
-                "http": self.url}
+                "http": self.url, "environment": "ppo.environment"}
         return redact_text(f"reward {self.name!r} ({self.kind} {what[self.kind]})")
 
 

@@ -187,5 +187,10 @@ def decode_responses(tokenizer: PreTrainedTokenizerBase, response: torch.Tensor,
 
 
 def ends_with_eos(response: torch.Tensor, response_mask: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """Whether each response stopped with EOS (rather than running out of tokens). Shape: (B, R) -> (B,) bool."""
-    return ((response == eos_token_id) & response_mask.bool()).any(-1)
+    """Whether each response's last real token is EOS (it stopped rather than running out of tokens); in a
+    multi-turn rollout the EOS of an earlier turn does not count. Shape: (B, R) -> (B,) bool."""
+    m = response_mask.bool()
+    if m.shape[1] == 0:
+        return torch.zeros(m.shape[0], dtype=torch.bool, device=m.device)
+    last = (m * torch.arange(1, m.shape[1] + 1, device=m.device)).argmax(dim=1, keepdim=True)
+    return (response.gather(1, last).squeeze(1) == eos_token_id) & m.any(dim=1)

@@ -1,8 +1,10 @@
 """Per-token rewards of a rollout, then advantages and returns by GAE.
 
-Notation: B = batch, T = response length (right-padded); `mask` (B, T) bool or float, 1 on real response tokens
-(up to and including EOS). The episode of row b is its response; it ends at its last real token L_b - 1 with
-L_b = sum_t mask[b, t]. Both functions are pure functions of rollout data: they run under `torch.no_grad()`.
+Notation: B = batch, T = response length (right-padded); `mask` (B, T) bool or float, 1 on the policy's own tokens
+(up to and including EOS). The episode of row b is its response; it ends at its last policy token e_b. In a
+multi-turn rollout (docs/environments.md) the mask has holes: the environment's tokens between two policy turns are
+0, and every function here skips them as if they were not there. All are pure functions of rollout data: they run
+under `torch.no_grad()`.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from torch import Tensor
 from rlhf_lib.lm.kl import KLEstimator, kl_per_token
 
 
-def _lengths(mask: Tensor) -> Tensor:
-    """Real-token count per row, checking the right-padding the last-token index relies on. Shape: (B, T) -> (B,)."""
+def last_index(mask: Tensor) -> Tensor:
+    """Index of each row's last policy token (holes of environment tokens allowed). Shape: (B, T) -> (B,) long.
+
+    Raises:
+        ValueError: if a row has no policy token: there is no token to put its score on.
+    """
     m = mask.bool()
-    if (m[:, 1:] & ~m[:, :-1]).any():
-        raise ValueError("mask must be right-padded: a row has a real token after a padded one.")
-    lengths = m.sum(dim=1)
-    if (lengths == 0).any():
-        rows = torch.nonzero(lengths == 0).flatten().tolist()
+    if (empty := ~m.any(dim=1)).any():
+        rows = torch.nonzero(empty).flatten().tolist()
         raise ValueError(f"rows {rows} have no real response token: there is no token to put their score on.")
-    return lengths
+    positions = torch.arange(1, m.shape[1] + 1, device=m.device)
+    return (m * positions).argmax(dim=1)
 
 
 @torch.no_grad()
@@ -37,8 +41,8 @@ def compute_rewards(
     """Per-token rewards: a KL penalty on every real token, plus the reward-model score on the last one.
 
     Shape: scores (B,); logprobs, ref_logprobs, mask (B, T) -> rewards (B, T).
-    r_t = -beta * KL_t(pi || pi_ref)        for t < L_b   (0 on padding)
-    r_{L_b - 1} += score_b                  (InstructGPT eq. 2, Ouyang et al. 2022: the RM scores the whole
+    r_t = -beta * KL_t(pi || pi_ref)        on policy tokens (0 on padding and environment tokens)
+    r_{e_b} += score_b                       (InstructGPT eq. 2, Ouyang et al. 2022: the RM scores the whole
                                              response, so its reward lands on the final token; the N+
                                              implementation details, Huang et al. 2024, put it on the EOS /
                                              last real token, never on a PAD position)
@@ -48,15 +52,15 @@ def compute_rewards(
     sum_t r_t).
 
     Raises:
-        ValueError: if a row has no real token, or the mask is not right-padded.
+        ValueError: if a row has no policy token.
     """
     m = mask.bool()
-    lengths = _lengths(m)
+    last = last_index(m)
     kl = kl_per_token(logprobs, ref_logprobs, estimator)
     non_score = torch.where(m, -kl_coef * kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
     rewards = non_score.clone()
     rows = torch.arange(rewards.shape[0], device=rewards.device)
-    rewards[rows, lengths - 1] += scores.to(rewards.dtype)
+    rewards[rows, last] += scores.to(rewards.dtype)
     stats = {
         "non_score_reward": non_score.sum(dim=1).mean().item(),
         "score_mean": scores.float().mean().item(),
@@ -73,9 +77,12 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
     A_t     = delta_t + gamma * lam * A_{t+1} * m_{t+1}
     R_t     = A_t + V_t                               (the value target, a TD(lambda) return)
-    m_{t+1} = 0 after the last real token (and m_T = 0): the response is the whole episode, so nothing is
-    bootstrapped past EOS and a PAD position's value or reward never leaks in. Vectorised over B, loop over T.
-    No gradient flows (torch.no_grad): advantages and returns are targets.
+    where t+1 is the next POLICY token: an environment token (mask 0 between two policy turns) is skipped, its
+    value and reward never read, so GAE runs over the policy's tokens only, as if the observation were part of
+    the state (verl's multi-turn GAE does the same). After the last policy token there is none (V = A = 0): the
+    response is the whole episode, so nothing is bootstrapped past EOS and a PAD position's value or reward never
+    leaks in. Vectorised over B, loop over T. No gradient flows (torch.no_grad): advantages and returns are
+    targets; both are 0 on every masked position.
     """
     m = mask.bool()
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
@@ -87,9 +94,11 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     next_value = torch.zeros_like(values_real[:, 0])
     for t in reversed(range(values_real.shape[1])):
         delta = rewards_real[:, t] + gamma * next_value - values_real[:, t]
-        next_adv = torch.where(m[:, t], delta + gamma * lam * next_adv, zero)
-        advantages[:, t] = next_adv
-        next_value = values_real[:, t]
+        here = m[:, t]
+        advantages[:, t] = torch.where(here, delta + gamma * lam * next_adv, zero)
+        # A masked position passes the next policy token's advantage and value through unchanged.
+        next_adv = torch.where(here, advantages[:, t], next_adv)
+        next_value = torch.where(here, values_real[:, t], next_value)
     returns = torch.where(m, advantages + values_real, zero)
     return advantages, returns
 

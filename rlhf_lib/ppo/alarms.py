@@ -32,7 +32,8 @@ RULES = {
     "nan": "any metric of the iteration is NaN or infinite; the update steps with a non-finite loss or gradient were "
            "refused, and no checkpoint is written for the iteration",
     "kl_blowup": "`objective/kl` > `ppo.alarm_kl_factor` × `ppo.target_kl`",
-    "length_explosion": "`response/length_mean` > `ppo.alarm_length_frac` × `ppo.max_new_tokens`, or "
+    "length_explosion": "`response/length_mean` > `ppo.alarm_length_frac` × `ppo.max_new_tokens` (× `ppo.max_turns` "
+                        "with an environment), or "
                         "`response/no_eos_frac` > 0.5",
     "entropy_collapse": "after `ppo.alarm_after` iterations, `policy/entropy` < `ppo.alarm_entropy_min`",
     "critic_lag": "after `ppo.alarm_after` iterations, `value/explained_variance` < `ppo.alarm_explained_variance_min`",
@@ -101,9 +102,9 @@ class AlarmMonitor:
             alarms.append(Alarm("kl_blowup", iteration,
                                 f"KL {kl:.2f} > {c.alarm_kl_factor:g} x target {c.target_kl:g} nats"))
         length, no_eos = stats.get("response/length_mean", 0.0), stats.get("response/no_eos_frac", 0.0)
-        if length > c.alarm_length_frac * c.max_new_tokens or no_eos > 0.5:
+        if length > c.alarm_length_frac * c.policy_tokens or no_eos > 0.5:
             alarms.append(Alarm("length_explosion", iteration,
-                                f"mean length {length:.1f} of max {c.max_new_tokens}, {no_eos:.0%} without EOS"))
+                                f"mean length {length:.1f} of max {c.policy_tokens}, {no_eos:.0%} without EOS"))
         if iteration >= c.alarm_after:
             entropy = stats.get("policy/entropy", math.inf)
             if entropy < c.alarm_entropy_min:

@@ -45,15 +45,23 @@ def heldout_stats(trainer: PPOTrainer, prompts: Sequence[str], judge: Judge | No
     with trainer.precision():
         for i in range(0, len(prompts), n):
             q, qm = (t.to(trainer.device) for t in encode_prompts(tok, prompts[i : i + n], trainer.max_prompt_tokens))
-            r, rm, logp = sample(trainer.models.policy, q, qm, max_new_tokens=c.max_new_tokens,
-                                 temperature=c.temperature, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id, generator=gen)
+            chunk, extra = prompts[i : i + n], {}
+            if trainer.env is not None:  # multi-turn: the policy's own tokens are `act`, its last turn the text
+                ep = trainer.episodes(trainer.models.policy, chunk, q, qm, gen)
+                r, rm, act = ep.response, ep.response_mask, ep.action_mask
+                logp = trainer._policy_logprobs(q, qm, r, rm)
+                extra = {"env_returns": ep.returns, "completions": [t[-1].text for t in ep.turns]}
+            else:
+                r, rm, logp = sample(trainer.models.policy, q, qm, max_new_tokens=c.max_new_tokens,
+                                     temperature=c.temperature, eos_token_id=tok.eos_token_id,
+                                     pad_token_id=tok.pad_token_id, generator=gen)
+                act = rm
             with adapters_off(trainer.peft):
                 ref, _ = response_logprobs(trainer.reference, q, qm, r, rm, c.temperature, chunk=c.logprob_chunk)
-            kls.append(masked_sum(kl_per_token(logp, ref, "k1"), rm, dim=1).float().cpu())
-            rewards.append(trainer.rewards(prompts[i : i + n], q, qm, r, rm).total.float().cpu())
-            lengths.append(rm.sum(1).float().cpu())
-            texts += decode_responses(tok, r, rm)
+            kls.append(masked_sum(kl_per_token(logp, ref, "k1"), act, dim=1).float().cpu())
+            rewards.append(trainer.rewards(chunk, q, qm, r, rm, **extra).total.float().cpu())
+            lengths.append(act.sum(1).float().cpu())
+            texts += extra.get("completions") or decode_responses(tok, r, rm)
     stats = {"heldout/reward": float(torch.cat(rewards).mean()), "heldout/kl": float(torch.cat(kls).mean()),
              "heldout/length": float(torch.cat(lengths).mean())}
     if judge is not None:

@@ -163,7 +163,7 @@ def build_trainer(job: PPOJob, group: ProcessGroup | None = None) -> PPOTrainer:
         models.reward_rendering = reward_rendering(job.conversations, False, models.reward_tokenizer,
                                                    cfg.data.render, models.tokenizer)
     group = group or ProcessGroup(device=cfg.resources.device)
-    return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.max_new_tokens,
+    return PPOTrainer(models, job.prompts, cfg.ppo, max_prompt_tokens=cfg.model.n_positions - cfg.ppo.response_tokens,
                       ptx_examples=job.ptx, ptx_max_length=cfg.sft.max_length, group=group,
                       mixed_precision=cfg.resources.mixed_precision,
                       frozen_dtype=DTYPES[cfg.resources.frozen_dtype], columns=job.columns)

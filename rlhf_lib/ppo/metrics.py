@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from rlhf_lib.envs.base import format_turns
 from rlhf_lib.intervals import standard_error
 from rlhf_lib.lm.generation import decode_responses, ends_with_eos
 from rlhf_lib.lm.masked import masked_mean, masked_var
@@ -52,7 +53,7 @@ def advantage_stats(ro: Rollout, advantages: Tensor, kl: dict[str, float], kl_co
                     score_stats: dict[str, float], reward_stats: dict[str, float]) -> dict[str, float]:
     """The dashboard metrics of phases 3 and 4: KL, scores, rewards, advantages (before whitening) and, with a
     critic, returns, values and explained variance. Shapes: advantages, ro.* (B, R)."""
-    mask = ro.response_mask
+    mask = ro.policy_mask
     stats = {
         "objective/kl_coef": kl_coef,
         "objective/kl": kl["kl_k1"], "objective/kl_k2": kl["kl_k2"], "objective/kl_k3": kl["kl_k3"],
@@ -83,20 +84,30 @@ def update_stats(s: dict[str, float], all_refused: bool, critic_trains: bool) ->
 
 
 def response_stats(ro: Rollout, eos_token_id: int) -> dict[str, float]:
-    """Length of the responses (EOS included) and the share that ran out of tokens without EOS."""
-    lengths = ro.response_mask.sum(1).float()
+    """Length of the responses in the policy's own tokens (EOS included; a multi-turn rollout's environment tokens
+    are not counted) and the share whose last turn ran out of tokens without EOS. Multi-turn rollouts add the
+    policy turns per episode (`env/turns_mean`), the environment's tokens (`env/tokens_mean`) and its summed reward
+    (`env/return_mean`)."""
+    lengths = ro.policy_mask.sum(1).float()
     no_eos = ~ends_with_eos(ro.response, ro.response_mask, eos_token_id)
-    return {"response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
-            "response/no_eos_frac": float(no_eos.float().mean())}
+    stats = {"response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max()),
+             "response/no_eos_frac": float(no_eos.float().mean())}
+    if ro.turns is not None and ro.env_returns is not None:
+        stats["env/turns_mean"] = sum(sum(t.role == "policy" for t in row) for row in ro.turns) / len(ro.turns)
+        stats["env/tokens_mean"] = float((ro.response_mask.sum(1) - ro.policy_mask.sum(1)).float().mean())
+        stats["env/return_mean"] = float(ro.env_returns.float().mean())
+    return stats
 
 
 def sample_rows(ro: Rollout, tokenizer, n: int) -> list[dict[str, object]]:
     """The first `n` rows of a scored rollout, for the sample table: prompt, response, whether it ended with EOS, the
-    summed raw score and the shaped one, and each reward source's raw score when there are several."""
+    summed raw score and the shaped one, each reward source's raw score when there are several, and a multi-turn
+    episode turn by turn (`turns`: "policy: ... | tool: ... | policy: ... (reward 1)")."""
     texts = decode_responses(tokenizer, ro.response[:n], ro.response_mask[:n])
     finished = ends_with_eos(ro.response[:n], ro.response_mask[:n], tokenizer.eos_token_id).tolist()
     parts = ro.score_parts if ro.score_parts and len(ro.score_parts) > 1 else {}
     return [{"prompt": p, "response": r, "finished": f, "score_raw": float(raw), "score": float(s)}
             | {f"score/{name}": float(v[i]) for name, v in parts.items()}
+            | ({} if ro.turns is None else {"turns": format_turns(ro.turns[i])})
             for i, (p, r, f, raw, s) in enumerate(zip(ro.prompts[:n], texts, finished, ro.raw_scores[:n],
                                                       ro.scores[:n]))]

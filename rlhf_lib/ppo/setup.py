@@ -12,6 +12,7 @@ import torch
 from rlhf_lib.config import PPOConfig
 from rlhf_lib.devices import autocast
 from rlhf_lib.distributed import ProcessGroup
+from rlhf_lib.envs.episodes import EpisodeRunner, Episodes
 from rlhf_lib.lm.generation import encode_prompts, sample
 from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.models import fit_length, freeze, set_checkpointing
@@ -75,6 +76,9 @@ class PPOSetup:
                                                                   models.reward_rendering)
         self.rewards = RewardSet(cfg.rewards, rm, models.tokenizer, columns, cfg.score_batch_size,
                                  judges=models.judges)
+        # Multi-turn rollouts (docs/environments.md): one environment per row and episode, its observations in the
+        # prompts' format.
+        self.env = EpisodeRunner.build(cfg, models.tokenizer, prompts, columns)
         self.critic = Critic.build(cfg.critic if cfg.has_critic else "none", models.policy, models.value)
         self.sampler = PromptSampler(prompts, cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -111,6 +115,12 @@ class PPOSetup:
             return torch.cat([response_logprobs(self.models.policy, *(t[i : i + n] for t in rows),
                                                 temperature=c.temperature, chunk=c.logprob_chunk)[0]
                               for i in range(0, rows[0].shape[0], n)])
+
+    def episodes(self, model: PreTrainedModel, prompts: Sequence[str], query: torch.Tensor, query_mask: torch.Tensor,
+                 generator: torch.Generator) -> Episodes:
+        """One multi-turn episode per row (ppo.environment), each policy turn sampled from `model` at the
+        temperature. Shapes: query, query_mask (B, P) -> Episodes of (B, R)."""
+        return self.env(model, prompts, query, query_mask, self.cfg.temperature, generator)
 
     def _score_rows(self, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Reference log-probs (B, R) and values (B, R) or None of rows (query, query_mask, response,
@@ -154,13 +164,19 @@ class PPOSetup:
             local = self.group.local_rows(chunk)
             query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
             with adapters_off(self.peft), self.precision():
-                response, response_mask, _ = sample(
-                    self.reference, query, query_mask, max_new_tokens=c.max_new_tokens, temperature=c.temperature,
-                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, generator=gen,
-                    shard=self.group.row_shard(len(chunk)),
-                )
+                if self.env is not None:
+                    ep = self.episodes(self.reference, local, query, query_mask, gen)
+                    response, response_mask = ep.response, ep.response_mask
+                else:
+                    response, response_mask, _ = sample(
+                        self.reference, query, query_mask, max_new_tokens=c.max_new_tokens,
+                        temperature=c.temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                        generator=gen, shard=self.group.row_shard(len(chunk)),
+                    )
             with self.precision():
-                total += float(self.rewards(local, query, query_mask, response, response_mask).total.sum())
+                extra = {} if self.env is None else {"env_returns": ep.returns,
+                                                     "completions": [t[-1].text for t in ep.turns]}
+                total += float(self.rewards(local, query, query_mask, response, response_mask, **extra).total.sum())
         return self.group.sum([total])[0] / len(prompts)
 
     def extra_state(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from rlhf_lib.ppo.types import Rollout
 
 # Rollout fields gathered after scoring, and what pads them: a query is left-padded, the rest right-padded.
-_RESPONSE_FIELDS = ("response_mask", "logprobs", "ref_logprobs", "values")
+_RESPONSE_FIELDS = ("response_mask", "action_mask", "logprobs", "ref_logprobs", "values")
 
 
 def check_sizes(cfg: PPOConfig, world: int) -> None:
@@ -81,6 +81,10 @@ def gather_rollout(ro: Rollout, pad_id: int, group: ProcessGroup) -> None:
         if getattr(ro, name) is not None:
             setattr(ro, name, group.gather(_padded(getattr(ro, name), r, 0)))
     ro.raw_scores = group.gather(ro.raw_scores)
+    if ro.env_returns is not None:
+        ro.env_returns = group.gather(ro.env_returns)
+    if ro.turns is not None:
+        ro.turns = [t for part in group.gather_objects(ro.turns) for t in part]
     if ro.score_parts:
         ro.score_parts = {name: group.gather(v) for name, v in ro.score_parts.items()}
     ro.prompts = [p for part in group.gather_objects(ro.prompts) for p in part]

@@ -72,6 +72,14 @@ class PPOTrainer(PPOSetup):
         local = self.group.local_rows(prompts)  # this process's rows: all of them in one process
         tok = self.models.tokenizer
         query, query_mask = (t.to(self.device) for t in encode_prompts(tok, local, self.max_prompt_tokens))
+        if self.env is not None:
+            # Multi-turn: policy and environment turns in one stream; the old log-probs come from one forward over
+            # it (0 on the environment's tokens, which the action mask keeps out of every loss).
+            with self.precision():
+                ep = self.episodes(self.models.policy, local, query, query_mask, self.generator)
+            logprobs = self._policy_logprobs(query, query_mask, ep.response, ep.response_mask) * ep.action_mask
+            return Rollout(query, query_mask, ep.response, ep.response_mask, logprobs, prompts=local,
+                           action_mask=ep.action_mask, env_returns=ep.returns, turns=ep.turns)
         if self.engine is not None:
             # vLLM's log-probs differ from the trainer's numerics (kernels, precision): PPO's ratio needs the
             # policy's own, so they are recomputed with one forward (the known engine mismatch).
@@ -105,7 +113,9 @@ class PPOTrainer(PPOSetup):
                                       ro.response_mask[i : i + n]) for i in range(0, ro.batch_size, n)]
             # The reward sources (the RM in chunks of the same rows, the text sources once for the batch); a source
             # that fails fails the iteration here, before anything is updated.
-            scores = self.rewards(ro.prompts, ro.query, ro.query_mask, ro.response, ro.response_mask)
+            extra = {} if ro.turns is None else {"env_returns": ro.env_returns,
+                                                 "completions": [t[-1].text for t in ro.turns]}
+            scores = self.rewards(ro.prompts, ro.query, ro.query_mask, ro.response, ro.response_mask, **extra)
         ro.ref_logprobs, ro.values = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
         ro.raw_scores, ro.score_parts = scores.total, scores.parts
 
@@ -115,8 +125,10 @@ class PPOTrainer(PPOSetup):
         ro.require("ref_logprobs", "raw_scores")
         # Several processes: from here on every process holds the whole scored rollout and computes what one would.
         gather_rollout(ro, self.models.tokenizer.pad_token_id, self.group)
-        c, mask = self.cfg, ro.response_mask
-        has_eos = ends_with_eos(ro.response, mask, self.models.tokenizer.eos_token_id)
+        # Every figure from here on is over the policy's own tokens (a multi-turn rollout's environment tokens are
+        # read by the models but are not the policy's actions).
+        c, mask = self.cfg, ro.policy_mask
+        has_eos = ends_with_eos(ro.response, ro.response_mask, self.models.tokenizer.eos_token_id)
         ro.scores, score_stats = shape_scores(
             ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, missing_eos_penalty=c.missing_eos_penalty,
             moments=self.reward_moments, clip=c.reward_clip,

@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from rlhf_lib.data.conversations import RewardRendering
+    from rlhf_lib.envs import Turn
     from rlhf_lib.rewards.judge import JudgeReward
 
 
@@ -25,6 +26,11 @@ class Rollout:
         response:        (B, R) sampled ids, PAD after the first EOS.
         response_mask:   (B, R) 1 on real response tokens, the EOS included.
         logprobs:        (B, R) log pi_old(token) at the sampling temperature, 0 on padding.
+        action_mask:     (B, R) multi-turn rollouts only (ppo.environment): 1 on the policy's own tokens, 0 on the
+                                environment's between its turns (which response_mask covers: the models read them).
+                                None = every real response token is the policy's. `policy_mask` is the one to use.
+        env_returns:     (B,)   multi-turn only: the sum of the environment's rewards over each episode.
+        turns:           multi-turn only: each row's turns as text, for the report (rlhf_lib.envs.Turn).
     Filled by `score` (2. score):
         ref_logprobs:    (B, R) log pi_ref(token) at the same temperature.
         values:          (B, R) V(state before each response token) from the critic; None without one.
@@ -33,7 +39,7 @@ class Rollout:
         score_parts:     each source's raw (B,) score, by source name.
     Filled by `advantages` (3. rewards, 4. advantages):
         scores:          (B,)   the score that enters the reward (offset, EOS penalty, whitening, clip: shaping.py).
-        rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last real token.
+        rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last policy token.
         advantages:      (B, R) GAE advantages (whitened when configured), 0 on padding.
         returns:         (B, R) advantages + values before whitening: the value model's target.
     """
@@ -44,6 +50,9 @@ class Rollout:
     response_mask: torch.Tensor
     logprobs: torch.Tensor
     prompts: list[str] = field(default_factory=list)
+    action_mask: torch.Tensor | None = None
+    env_returns: torch.Tensor | None = None
+    turns: list[list[Turn]] | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     raw_scores: torch.Tensor | None = None
@@ -57,6 +66,12 @@ class Rollout:
     def batch_size(self) -> int:
         return self.query.shape[0]
 
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """(B, R): 1 on the tokens the policy chose, the only ones in the loss, the KL, the entropy, GAE and the
+        lengths. The response mask, less the environment's tokens of a multi-turn rollout."""
+        return self.response_mask if self.action_mask is None else self.action_mask
+
     def require(self, *names: str) -> None:
         """Fail loudly when a phase runs before the one that fills its inputs."""
         missing = [n for n in names if getattr(self, n) is None]
@@ -64,13 +79,14 @@ class Rollout:
             raise RuntimeError(f"rollout is missing {missing}: run the earlier PPO phases first")
 
     def minibatch(self, idx: torch.Tensor) -> Rollout:
-        """Rows `idx` of every filled tensor field (the prompts list is not carried)."""
+        """Rows `idx` of every filled tensor field (the prompts and turns lists are not carried)."""
         kw = {}
         for name in self.__dataclass_fields__:
             v = getattr(self, name)
             if isinstance(v, dict):  # score_parts
                 v = {k: t[idx] for k, t in v.items()}
-            kw[name] = v[idx] if isinstance(v, torch.Tensor) else ([] if name == "prompts" else v)
+            kw[name] = v[idx] if isinstance(v, torch.Tensor) else ([] if name == "prompts" else None
+                                                                    if name == "turns" else v)
         return Rollout(**kw)
 
 

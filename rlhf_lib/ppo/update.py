@@ -67,11 +67,14 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
     value model runs: the same gradients as one backward of the sum, with one model's activations alive at a time.
     Forward passes run inside `precision()` (autocast), backward passes outside it. `entropy`: as
     `Critic.forward` ("none": no entropy statistic from this micro-batch).
+
+    The models read every response token (`response_mask`); the surrogate, the entropy and the value loss are means
+    over the policy's own tokens (`policy_mask`: a multi-turn rollout's environment tokens are not actions).
     """
-    mask = mb.response_mask
+    seen, mask = mb.response_mask, mb.policy_mask
     separate = critic.kind == "separate"
     with precision():
-        logprobs, ent_tokens, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, mask,
+        logprobs, ent_tokens, values = critic.forward(policy, mb.query, mb.query_mask, mb.response, seen,
                                                       cfg.temperature, train_policy, entropy=entropy,
                                                       with_values=not separate, chunk=cfg.logprob_chunk)
     loss = torch.zeros((), dtype=torch.float32, device=mask.device)
@@ -90,7 +93,7 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
             backward(loss * weight)
             done, loss = float(loss.detach()), torch.zeros((), dtype=torch.float32, device=mask.device)
         with precision():
-            values = critic.values(policy, mb.query, mb.query_mask, mb.response, mask)
+            values = critic.values(policy, mb.query, mb.query_mask, mb.response, seen)
     if values is not None:
         vf, vf_stats = value_loss(values, mb.values, mb.returns, mask, cfg.value_clip)
         loss = loss + cfg.vf_coef * vf
@@ -151,7 +154,7 @@ def ppo_epochs(
         b_perm = torch.randperm(b_size, generator=generator)
         for start in range(0, b_size, mb_size):
             mb_idx = b_perm[start : start + mb_size]
-            mb_tokens = float(rollout.response_mask[mb_idx].sum())
+            mb_tokens = float(rollout.policy_mask[mb_idx].sum())
             rows = group.local_rows(mb_idx)  # this process's rows of the minibatch: all of them in one process
             parts = micro_batches(rollout, rows, cfg)
             optimizer.zero_grad(set_to_none=True)
@@ -161,7 +164,7 @@ def ppo_epochs(
                 part = trim_padding(rollout.minibatch(part_rows))
                 with group.no_sync([policy, critic.wrapped], skip=j + 1 < len(parts)):
                     loss, stats = _micro_backward(policy, critic, part, cfg, train_policy,
-                                                  float(part.response_mask.sum()) / mb_tokens, backward, entropy,
+                                                  float(part.policy_mask.sum()) / mb_tokens, backward, entropy,
                                                   precision)
                 loss_total += loss
                 for k, v in stats.items():

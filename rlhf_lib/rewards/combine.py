@@ -4,7 +4,8 @@
 
 The reward model (kind model) reads token ids, on the device, `batch_size` rows per forward pass; the text sources
 (judges, functions, HTTP endpoints) read the decoded prompt and completion with the prompt's extra columns, once per
-batch.
+batch; in a multi-turn rollout the completion they read is the policy's last turn, and the source of kind
+environment is the sum of the environment's rewards over the episode (docs/environments.md).
 Each source's raw score is kept (`Scores.parts`) for the metrics; the RM offset, EOS penalty, whitening and clipping
 of `rlhf_lib.ppo.shaping` then apply to the sum.
 """
@@ -74,24 +75,33 @@ class RewardSet:
     def weights(self) -> dict[str, float]:
         return {s.name: s.weight for s in self.sources}
 
-    def text_batch(self, prompts: Sequence[str], response: torch.Tensor, response_mask: torch.Tensor) -> TextBatch:
-        """The rows as text: completions without EOS or padding, whether each ended with EOS, the prompts' columns
-        (None where a prompt has no such field)."""
+    def text_batch(self, prompts: Sequence[str], response: torch.Tensor, response_mask: torch.Tensor,
+                   completions: Sequence[str] | None = None) -> TextBatch:
+        """The rows as text: completions without EOS or padding (or the given ones: a multi-turn rollout's last
+        policy turns), whether each ended with EOS, the prompts' columns (None where a prompt has no such field)."""
         rows = [self.columns.get(p, {}) for p in prompts]
         finished = ends_with_eos(response, response_mask, self.tokenizer.eos_token_id).tolist()
-        return TextBatch(list(prompts), decode_responses(self.tokenizer, response, response_mask), finished,
-                         {name: [row.get(name) for row in rows] for name in self.names})
+        texts = list(completions) if completions is not None else decode_responses(self.tokenizer, response,
+                                                                                   response_mask)
+        return TextBatch(list(prompts), texts, finished, {name: [row.get(name) for row in rows] for name in self.names})
 
     @torch.inference_mode()
     def __call__(self, prompts: Sequence[str], query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor,
-                 response_mask: torch.Tensor) -> Scores:
-        """Shapes: query, query_mask (B, P); response, response_mask (B, R); B prompts -> Scores of (B,)."""
+                 response_mask: torch.Tensor, env_returns: torch.Tensor | None = None,
+                 completions: Sequence[str] | None = None) -> Scores:
+        """Shapes: query, query_mask (B, P); response, response_mask (B, R); env_returns (B,) (multi-turn: the
+        environment's summed rewards); completions: B texts the text sources read instead of the decoded
+        response (multi-turn: the last policy turns); B prompts -> Scores of (B,)."""
         n, parts = query.shape[0], {}
         if len(prompts) != n:
             raise RewardError(f"reward sources: {len(prompts)} prompt texts for {n} rows")
-        batch = self.text_batch(prompts, response, response_mask) if self.text else None
+        batch = self.text_batch(prompts, response, response_mask, completions) if self.text else None
         for s in self.sources:
-            if s.kind == "model":
+            if s.kind == "environment":
+                if env_returns is None:
+                    raise RewardError(f"{s.describe()}: this rollout ran without an environment")
+                parts[s.name] = env_returns.to(device=response.device, dtype=torch.float32)
+            elif s.kind == "model":
                 b = self.batch_size
                 parts[s.name] = torch.cat([self.rm(query[i : i + b], query_mask[i : i + b], response[i : i + b],
                                                    response_mask[i : i + b]).float() for i in range(0, n, b)])

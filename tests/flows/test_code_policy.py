@@ -46,3 +46,19 @@ def test_a_deployment_config_naming_unallowed_code_is_refused_in_one_line(tmp_pa
     assert "\n" not in message and "RLHF_ALLOW_CODE" in message
     monkeypatch.setenv("RLHF_ALLOW_CODE", "function:os:system")
     check_deployment_config(cfg, tmp_path)  # the host allowed it
+
+
+ENV_SOURCE = {"name": "env", "kind": "environment"}
+
+
+def test_an_environment_class_needs_the_hosts_entry_and_the_builtin_does_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLHF_ALLOW_CODE", raising=False)
+    builtin = _cfg(ppo={"environment": "calculator", "rewards": [ENV_SOURCE]})
+    assert code_requests(builtin) == []
+    check_deployment_config(builtin, tmp_path)
+    mine = _cfg(ppo={"environment": "my.envs:Shell", "rewards": [ENV_SOURCE]})
+    assert code_requests(mine) == [("ppo.environment", "environment:my.envs:Shell")]
+    with pytest.raises(ConfigError, match=r"ppo.environment \(environment:my.envs:Shell\)"):
+        check_deployment_config(mine, tmp_path)
+    (tmp_path / "allow-code.txt").write_text("environment:my.envs:*\n")
+    check_deployment_config(mine, tmp_path)  # the host allowed the module's environments

@@ -15,7 +15,7 @@ PRESETS = sorted(p.stem for p in (Path(__file__).parents[2] / "flows" / "presets
 def test_preset_is_a_valid_config(name):
     cfg = load_config(name, None, [])
     assert cfg.name == name
-    if name not in ("demo", "micro", "arithmetic"):  # the built-in tasks on fresh tiny models
+    if name not in ("demo", "micro", "arithmetic", "arithmetic-tool"):  # the built-in tasks on fresh tiny models
         assert cfg.model.name_or_path and cfg.data.preferences and cfg.data.eval_preferences
         assert not cfg.model.trust_remote_code  # no preset runs a checkpoint's code
 

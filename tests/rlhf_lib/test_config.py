@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_lib.config import ConfigError, PipelineConfig, build_config
+from pydantic import ValidationError
+
+from rlhf_lib.config import ConfigError, PipelineConfig, PPOConfig, build_config
 
 
 def test_defaults_validate_and_sets_are_typed():
@@ -43,3 +45,35 @@ def test_layers_merge_in_order():
 def test_responses_must_leave_room_for_the_prompt():
     with pytest.raises(ValueError, match=r"ppo.max_new_tokens \(128\) leaves no room"):
         PipelineConfig.model_validate({"ppo": {"max_new_tokens": 128}})
+
+
+ENV_SOURCE = {"name": "env", "kind": "environment"}
+
+
+@pytest.mark.parametrize("ppo, message", [
+    ({"rewards": [ENV_SOURCE]}, "kind environment needs ppo.environment"),
+    ({"environment": "calculator"}, "add its reward to ppo.rewards"),
+    ({"max_turns": 3}, "ppo.max_turns=3 needs ppo.environment"),
+    ({"environment": "calculator", "rewards": [{**ENV_SOURCE, "url": "http://x"}]}, "url does not apply"),
+])
+def test_multi_turn_keys_must_agree(ppo, message):
+    with pytest.raises(ValidationError, match=message):
+        PPOConfig(**ppo)
+
+
+def test_the_response_budget_of_an_episode():
+    single = PPOConfig(max_new_tokens=16)
+    assert (single.response_tokens, single.policy_tokens) == (16, 16)
+    multi = PPOConfig(max_new_tokens=16, environment="calculator", max_turns=3, rewards=[ENV_SOURCE])
+    assert (multi.response_tokens, multi.policy_tokens) == (48, 48)
+    capped = multi.model_copy(update={"max_episode_tokens": 40})
+    assert (capped.response_tokens, capped.policy_tokens) == (40, 48)
+
+
+def test_tool_demonstrations_are_an_arithmetic_key_and_leave_other_keys_alone():
+    from rlhf_lib.config import DataConfig
+
+    with pytest.raises(ValidationError, match="data.task=arithmetic only"):
+        DataConfig(tool="calculator")
+    assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude={"tool"})
+    assert DataConfig(task="arithmetic", tool="calculator").key()["tool"] == "calculator"

@@ -45,12 +45,21 @@ def test_score_on_last_real_token_of_each_length() -> None:
     assert (rewards[~mask] == 0).all()
 
 
-def test_compute_rewards_rejects_empty_row_and_holes() -> None:
+def test_compute_rewards_rejects_empty_row() -> None:
     lp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="no real response token"):
         compute_rewards(torch.zeros(2), lp, lp, torch.tensor([[1, 1, 0], [0, 0, 0]]), 0.1)
-    with pytest.raises(ValueError, match="right-padded"):
-        compute_rewards(torch.zeros(2), lp, lp, torch.tensor([[1, 0, 1], [1, 0, 0]]), 0.1)
+
+
+def test_compute_rewards_skips_holes() -> None:
+    # Row 0 [policy, env, policy]: KL only on the policy tokens, the score on index 2 (the last policy token), the
+    # environment token's garbage log-probs (50 vs -50) never read. Row 1 [policy, env, pad]: the score on index 0.
+    lp = torch.tensor([[0.2, 50.0, 0.4], [0.3, 50.0, 0.0]])
+    ref = torch.tensor([[0.0, -50.0, 0.0], [0.0, -50.0, 0.0]])
+    mask = torch.tensor([[1, 0, 1], [1, 0, 0]])
+    rewards, _ = compute_rewards(torch.tensor([1.0, 2.0]), lp, ref, mask, 0.5)
+    # -0.5 * [0.2, -, 0.4] = [-0.1, 0, -0.2] + 1 at 2; row 1: -0.5 * 0.3 = -0.15 + 2 at 0
+    assert_close(rewards, torch.tensor([[-0.1, 0.0, 0.8], [1.85, 0.0, 0.0]]))
 
 
 def test_gae_1x3_hand() -> None:

@@ -1,0 +1,96 @@
+"""The calculator environment: the policy may call a calculator before it answers an arithmetic question.
+
+A policy message holding `<calc>EXPRESSION</calc>` is a tool call: the environment evaluates the expression (integers,
++ - * / // % and parentheses; nothing else is ever evaluated: it is parsed with `ast`, never `eval`) and answers with
+the result, reward 0. Any other message is the final answer: reward 1 when its first integer is the row's `answer`,
+else 0, and the episode ends. The arithmetic task's exact match (`rlhf_lib.rewards.builtin:exact_match`) reads
+answers the same way.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from rlhf_lib.envs.base import Step
+
+CALL = re.compile(r"<calc>(.*?)</calc>", re.S)
+_FIRST_INT = re.compile(r"-?\d+")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+        ast.Mod: operator.mod, ast.Div: operator.truediv}
+MAX_DIGITS = 30  # a result or operand longer than this is refused (no exponent operator either: no huge numbers)
+
+
+class CalcError(ValueError):
+    """An expression the calculator refuses: the message is what the policy reads back."""
+
+
+def evaluate(expression: str) -> int | float:
+    """The value of an arithmetic expression, or `CalcError`.
+
+    >>> evaluate("37 + 48")
+    85
+    >>> evaluate("(7 - 2) * 3")
+    15
+    """
+    if len(expression) > 200:
+        raise CalcError("expression too long")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        raise CalcError(f"cannot parse {expression.strip()!r}") from None
+    return _value(tree.body)
+
+
+def _value(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return _checked(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _value(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise CalcError("division by zero")
+        return _checked(_OPS[type(node.op)](left, right))
+    raise CalcError(f"unsupported: {ast.dump(node)[:40]}")
+
+
+def _checked(v: int | float) -> int | float:
+    if len(str(abs(int(v)))) > MAX_DIGITS:
+        raise CalcError("number too large")
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def answer_of(message: str) -> int | None:
+    """The first integer of a message, the answer as exact match reads it; None without one."""
+    m = _FIRST_INT.search(message)
+    return int(m.group()) if m else None
+
+
+class CalculatorEnv:
+    """See the module docstring. The row must have an `answer` column (the arithmetic task writes one)."""
+
+    def __init__(self) -> None:
+        self.answer: int | None = None
+
+    def reset(self, row: Mapping[str, Any]) -> None:
+        if row.get("answer") is None:
+            raise ValueError("the calculator environment needs an 'answer' column on the prompts "
+                             "(data.task: arithmetic writes one)")
+        self.answer = int(str(row["answer"]).strip())
+
+    def step(self, message: str) -> Step:
+        call = CALL.search(message)
+        if call is not None:
+            try:
+                result = evaluate(call.group(1))
+            except CalcError as e:
+                return Step(f"error: {e}")
+            return Step(f"{result:g}" if isinstance(result, float) else str(result))
+        return Step(None, 1.0 if answer_of(message) == self.answer else 0.0, done=True)
