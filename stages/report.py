@@ -120,10 +120,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
         return "<p>none</p>"
     cols = list(rows[0])
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{_cell(c, r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(column: str, v: Any) -> str:
+    """A cell's HTML: a multi-turn episode (`*turns` columns, rlhf_lib.envs.format_turns) one turn per line."""
+    text = html.escape(_fmt(v))
+    return text.replace(" | ", "<br>") if column.endswith("turns") else text
 
 
 def _fmt(v: Any) -> str:

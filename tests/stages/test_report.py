@@ -41,3 +41,9 @@ def test_user_data_report_renders_without_gold():
     html = render_html({"name": "hh", "lineage": {"data": "hh-rlhf"}, "metrics": USER_METRICS}, history, samples,
                        {"PPO policy": [3.0, 4.0], "SFT": [5.0]}, [])
     assert NO_JUDGE in html and "RM-judged" in html and "Human: hi" in html
+
+
+def test_a_multi_turn_sample_reads_one_turn_per_line():
+    samples = [{"prompt": "What is 1 + 2?", "ppo_turns": "policy: <calc>1 + 2</calc> | tool: 3 | policy: 3. (reward 1)"}]
+    html = render_html({"name": "tool", "lineage": {}, "metrics": USER_METRICS}, {}, samples, None, [])
+    assert "policy: &lt;calc&gt;1 + 2&lt;/calc&gt;<br>tool: 3<br>policy: 3. (reward 1)" in html
