@@ -153,3 +153,20 @@ def test_garbage_on_the_environments_tokens_changes_neither_advantages_nor_the_u
             assert sb[key] == pytest.approx(sa[key], rel=1e-5, abs=1e-7), key
     for (name, pa), pb in zip(a.models.policy.named_parameters(), b.models.policy.parameters()):
         assert_close(pb, pa, msg=name)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_critic_free_estimators_run_on_episodes(tiny_tokenizer, estimator):
+    cfg = CFG.model_copy(update={"advantage_estimator": estimator, "group_size": 2})
+    torch.manual_seed(0)
+    models = tiny_models(tiny_tokenizer)
+    models.value = None
+    trainer = PPOTrainer(models, PROMPTS[:4], cfg, max_prompt_tokens=32)
+    ro, stats = trainer.step()
+    env = ro.response_mask.bool() & ~ro.action_mask.bool()
+    assert env.any() and ro.advantages[env].eq(0).all() and ro.values is None
+    # Each group answers one prompt; each row's advantage is one number over its policy tokens.
+    assert ro.prompts[0] == ro.prompts[1] and ro.prompts[2] == ro.prompts[3]
+    for i in range(ro.batch_size):
+        assert ro.advantages[i][ro.action_mask[i].bool()].unique().numel() == 1
+    assert stats["env/turns_mean"] == 2.0 and stats["env/return_mean"] == 1.5
