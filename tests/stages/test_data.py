@@ -12,7 +12,7 @@ ROW = {"chosen": "\n\nHuman: hi\n\nAssistant: yes", "rejected": "\n\nHuman: hi\n
 
 
 def key_of(cfg: PipelineConfig) -> str:
-    return cache_key("data", cfg.data.model_dump(), {}, user_fingerprint(cfg))
+    return cache_key("data", cfg.data.key(), {}, user_fingerprint(cfg))
 
 
 def test_same_path_new_content_is_a_new_key(tmp_path):
