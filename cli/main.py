@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cli.plan import cmd_plan
 from cli.runtime import configure_env, flow_settings, start_prefect, warm_up
+from cli.signals import exit_on_sigterm, terminated
 from flows.settings import load_config, preset_names
 
 PIPELINES = ("full", "sft", "reward", "ppo", "eval")
@@ -265,22 +266,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM (`kill`, a scheduler's cancel) unwinds like Ctrl-C instead of ending the process on the spot: `finally`
-    blocks and atexit handlers run, so Prefect's temporary server and launched training processes stop with us."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     from rlhf_lib.redaction import redact_logs, redact_text
 
     redact_logs()  # no log line of this process, to the terminal or to Prefect's API, carries a secret
     args = parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm) if in_main_thread else None
     try:
         return args.fn(args)
     except Exception as e:
+        if terminated():  # the SIGTERM's SystemExit, wrapped on its way up by the code it interrupted
+            raise SystemExit(terminated()) from e
         # Imported here, not first: its error types import torch, Prefect and MLflow, and `rlhf run` starts its
         # throwaway Prefect server and sets their environment before any of them.
         from cli.errors import user_error
