@@ -177,13 +177,14 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                         cfg.reward.eval_batch_size)
             bounds["reward_model_accuracy"] = proportion_interval(
                 round(metrics["reward_model_accuracy"] * len(pairs)), len(pairs))
-        for name, grader in graders.items():  # each judge's agreement with the held-out labels, as the RM's
+        judged = pairs[:cfg.eval.judge_pairs]  # each judge's agreement with the held-out labels, as the RM's
+        for name, grader in graders.items():
             with precision():
-                chosen = grader.scores([p.prompt for p in pairs], [p.chosen for p in pairs])
-                rejected = grader.scores([p.prompt for p in pairs], [p.rejected for p in pairs])
+                chosen = grader.scores([p.prompt for p in judged], [p.chosen for p in judged])
+                rejected = grader.scores([p.prompt for p in judged], [p.rejected for p in judged])
             right = int((chosen > rejected).sum())
-            metrics[f"judge_{name}_accuracy"] = right / len(pairs) if pairs else None
-            bounds[f"judge_{name}_accuracy"] = proportion_interval(right, len(pairs))
+            metrics[f"judge_{name}_accuracy"] = right / len(judged) if judged else None
+            bounds[f"judge_{name}_accuracy"] = proportion_interval(right, len(judged))
         run.log_metrics({f"eval/{k}": v for k, v in metrics.items() if v is not None}, step=0)
         run.log_metrics({f"eval/{k}_ci95_{end}": v for k, (lo, hi) in bounds.items()
                          for end, v in (("low", lo), ("high", hi)) if math.isfinite(v)}, step=0)
@@ -192,7 +193,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             "name": cfg.name,
             "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
-               "held-out pairs": len(pairs), "judge": "gold judge (demo task)" if judge else "none: RM-judged only",
+               "held-out pairs": len(pairs), **({"pairs each judge read": len(judged)} if graders else {}),
+               "judge": "gold judge (demo task)" if judge else "none: RM-judged only",
                "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)}
             | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {}),
             "metrics": metrics,
@@ -228,7 +230,7 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     fingerprint += optional_digest(data_dir, "prompts_val")  # the best constant reply is picked on it
     if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
         fingerprint += conversations_digest(data_dir)
-    section = {"eval": config.eval.model_dump(), "model": {"n_positions": config.model.n_positions,
+    section = {"eval": config.eval.key(), "model": {"n_positions": config.model.n_positions,
                                                            "dtype": config.model.dtype},
                "reward": {"max_length": config.reward.max_length},
                "resources": {"mixed_precision": config.resources.mixed_precision},

@@ -141,6 +141,14 @@ class EvalConfig(Section):
         16, ge=0, description="Demo task: the validation prompts on which the reward model picks the best constant "
         "reply (one template, the topic filled in; rlhf_lib/demo_task/constant.py), judged by gold beside PPO. "
         "0: off.")
+    judge_pairs: int | None = Field(None, ge=1, description="Each judge of ppo.rewards is measured on the first this "
+                                    "many held-out pairs (two rubric prompts per pair through the judge model); the "
+                                    "reward model's accuracy still covers every pair. null = all of them.")
+
+    def key(self) -> dict:
+        """The config as the eval stage's cache key reads it: without `judge_pairs` when it is unset, so a run's key
+        is what it was before the key existed."""
+        return self.model_dump(exclude={"judge_pairs"} if self.judge_pairs is None else None)
 
 
 class ResourcesConfig(Section):

@@ -367,6 +367,11 @@ def test_a_judge_reward_beside_the_rm(first):
     assert 0.0 <= out["eval"]["reward_judge_mean"] <= 1.0 and "reward_rm_mean" in out["eval"]
     lo, hi = out["eval"]["judge_judge_accuracy_ci95"]  # its agreement with the held-out labels, as the RM's
     assert lo <= out["eval"]["judge_judge_accuracy"] <= hi
+    # eval.judge_pairs caps the judge's held-out pairs (the RM still reads all): only the eval reruns.
+    capped = rlhf(config=load_config("micro", None, [rewards, "eval.judge_pairs=3"]), pipeline="full")
+    assert capped["stages"]["ppo"]["status"] == "cached" and capped["stages"]["eval"]["status"] == "ran"
+    assert round(capped["eval"]["judge_judge_accuracy"] * 3, 9) in (0, 1, 2, 3)
+    assert capped["eval"]["reward_model_accuracy"] == out["eval"]["reward_model_accuracy"]
     from rlhf_lib.config import ConfigError
 
     with pytest.raises(ConfigError, match="lacks the placeholder"):  # refused when the config is read

@@ -77,3 +77,13 @@ def test_tool_demonstrations_are_an_arithmetic_key_and_leave_other_keys_alone():
         DataConfig(tool="calculator")
     assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude={"tool"})
     assert DataConfig(task="arithmetic", tool="calculator").key()["tool"] == "calculator"
+
+
+def test_the_judge_pairs_cap_is_an_eval_key_only_when_set():
+    from rlhf_lib.config.stages import EvalConfig
+
+    assert "judge_pairs" not in EvalConfig().key() and EvalConfig().key() == EvalConfig().model_dump(
+        exclude={"judge_pairs"})
+    assert EvalConfig(judge_pairs=128).key()["judge_pairs"] == 128
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        EvalConfig(judge_pairs=0)
