@@ -111,9 +111,24 @@ def _build_demo(cfg: PipelineConfig):
     return build
 
 
+def _template_tokenizer(cfg: PipelineConfig):
+    """The loader of the policy's tokenizer, whose chat template renders the rows (None: a model built here)."""
+    m = cfg.model
+
+    def load():
+        if not m.name_or_path:
+            return None
+        return load_tokenizer(local_model(m.name_or_path, m.revision), m.revision, m.trust_remote_code)
+    return load
+
+
 def _build_arithmetic(cfg: PipelineConfig):
     def build(run: StageRun, out_dir: Path) -> None:
-        paths = build_arithmetic_task(cfg.data, out_dir)
+        renderer = Renderer(_template_tokenizer(cfg), cfg.data.render)  # a pretrained policy's chat template
+        paths = build_arithmetic_task(cfg.data, out_dir, renderer)
+        if renderer.templated():
+            write_conversations(out_dir / CONVERSATIONS, renderer.conversations)
+        run.set_tags({"rlhf.data.rendering": "chat_template" if renderer.templated() else "text"})
         counts = _validate_and_log(run, paths, "arithmetic")
         # No gold judge: the answer column is the ground truth, read by the exact-match reward. The statistics go
         # to source.json rather than metrics: they only confirm what the config asked for.
@@ -129,16 +144,9 @@ def _slug(text: str) -> str:
 
 
 def _build_user(cfg: PipelineConfig):
-    m = cfg.model
-
-    def template_tokenizer():
-        # Conversational rows are rendered with the policy's chat template, when it has one.
-        if not m.name_or_path:
-            return None
-        return load_tokenizer(local_model(m.name_or_path, m.revision), m.revision, m.trust_remote_code)
-
     def build(run: StageRun, out_dir: Path) -> None:
-        renderer = Renderer(template_tokenizer, cfg.data.render)
+        # Conversational rows are rendered with the policy's chat template, when it has one.
+        renderer = Renderer(_template_tokenizer(cfg), cfg.data.render)
         task = build_user_task(cfg.data, renderer)
         paths = {key: write_jsonl(out_dir / FILE_NAMES[key], rows) for key, rows in task.records.items()}
         # The conversation of each rendered prompt, for a reward model that renders with its own template.
@@ -184,14 +192,18 @@ def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the built-in task (`data.task`: demo or arithmetic) deterministically from `data.seed`, or read and
     validate the user's data (`data.*` sources), and log the five files as versioned data sets."""
     ctx = on_node(ctx, config.resources)  # on machine_rank > 0: node 0's data, once it is in MLflow
+    m = config.model
     if config.data.task == "arithmetic":  # the config refuses arithmetic with user data
-        result, _ = run_cached(ctx, "data", {"data": config.data.key()}, {}, "arithmetic",
-                               _build_arithmetic(config))
+        section, fingerprint = {"data": config.data.key()}, "arithmetic"
+        if m.name_or_path and config.data.render != "text":  # rendered by the pretrained policy's chat template
+            section["model"] = {"name_or_path": m.name_or_path, "revision": m.revision,
+                                "trust_remote_code": m.trust_remote_code}
+            fingerprint += ":" + model_source_digest(m.name_or_path, m.revision)
+        result, _ = run_cached(ctx, "data", section, {}, fingerprint, _build_arithmetic(config))
         return as_state(result)
     if not config.data.user_data:
         result, _ = run_cached(ctx, "data", {"data": config.data.key()}, {}, "demo", _build_demo(config))
         return as_state(result)
-    m = config.model
     section = {"data": config.data.key(),
                "model": {"name_or_path": m.name_or_path, "revision": m.revision, "trust_remote_code": m.trust_remote_code}}
     result, _ = run_cached(ctx, "data", section, {}, user_fingerprint(config), _build_user(config))

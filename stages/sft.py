@@ -69,6 +69,10 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         cut = truncation_counts(tokenizer, [e.prompt for e in examples], [e.response for e in examples],
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
+        if sft_cfg.max_steps == 0:  # the pretrained model itself, saved as the stage's model (lineage, tags)
+            run.log_metrics({"sft/steps": 0.0}, step=0)
+            save_model(model, tokenizer, out_dir)
+            return
         model, final = train_supervised("sft", SFT_LOOP, cfg.resources, model, tokenizer, examples, sft_cfg,
                                         RunSink(run, n_batches(len(examples), sft_cfg.batch_size, sft_cfg.epochs,
                                                                sft_cfg.max_steps)),

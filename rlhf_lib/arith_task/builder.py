@@ -13,6 +13,7 @@ from statistics import fmean
 from typing import Any
 
 from ..config import DataConfig
+from ..data.chat import Renderer
 from ..data.records import read_pairs, read_prompts, read_ranked, read_sft, write_jsonl
 from ..demo_task.builder import FILE_NAMES
 from ..envs.render import transcript_observation
@@ -40,19 +41,35 @@ def _prompt_row(problem: Problem) -> dict[str, str]:
     return {"prompt": problem.prompt, "answer": str(problem.answer)}
 
 
-def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Path]:
+def _rendered(rows: dict[str, list[dict[str, Any]]], renderer: Renderer) -> dict[str, list[dict[str, Any]]]:
+    """Every row through the policy's chat template: the prompt as one user turn, replies without the space that
+    follows "Assistant:" (`Renderer.hh_prompt`, `Renderer.reply`); the answer column unchanged."""
+    def row(r: dict[str, Any]) -> dict[str, Any]:
+        out = dict(r, prompt=renderer.hh_prompt(r["prompt"], "prompt"))
+        for col in ("response", "chosen", "rejected"):
+            if col in r:
+                out[col] = renderer.reply(r[col])
+        if "responses" in r:
+            out["responses"] = [renderer.reply(x) for x in r["responses"]]
+        return out
+    return {key: [row(r) for r in rs] for key, rs in rows.items()}
+
+
+def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Renderer | None = None) -> dict[str, Path]:
     """Write the arithmetic task's five JSONL files into `out_dir`; returns {"sft": path, "preferences": path, ...}.
 
     With `cfg.tool` ("calculator") each demonstration is two rows: the calculator call, and the answer after the
-    tool's reply (`tool_demonstrations`). Sizes: `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations
-    (each right with probability `sft_correct`) and `ranked_per_prompt` ranked lists of `responses_per_list`;
-    `n_eval_prompts` held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each.
+    tool's reply (`tool_demonstrations`). With a `renderer` whose policy has a chat template (a pretrained
+    model.name_or_path, data.render auto or chat_template), every row is rendered through it. Sizes:
+    `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations (each right
+    with probability `sft_correct`) and `ranked_per_prompt` ranked lists of `responses_per_list`; `n_eval_prompts`
+    held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed = cfg.seed
-    train = _draw(_rng(seed, "prompts_train"), problems(held_out=False), cfg.n_train_prompts)
-    evals = _draw(_rng(seed, "prompts_eval"), problems(held_out=True), cfg.n_eval_prompts)
+    train = _draw(_rng(seed, "prompts_train"), problems(False, cfg.operands), cfg.n_train_prompts)
+    evals = _draw(_rng(seed, "prompts_eval"), problems(True, cfg.operands), cfg.n_eval_prompts)
 
     rng = _rng(seed, "sft")
     if cfg.tool == "calculator":  # the call, then the answer after the tool's reply: two rows per demonstration
@@ -73,6 +90,11 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path) -> dict[str, Pat
         "prompts_eval": [_prompt_row(p) for p in evals],
         "eval_pairs": pairs,
     }
+    if renderer is not None and renderer.templated():
+        if cfg.tool is not None:
+            raise ValueError("data.tool: the calculator demonstrations are written as HH transcripts; with a chat "
+                             "template (model.name_or_path) set data.render=text")
+        rows = _rendered(rows, renderer)
     return {key: write_jsonl(out / FILE_NAMES[key], rows[key]) for key in rows}
 
 

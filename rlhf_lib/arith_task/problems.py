@@ -9,6 +9,10 @@ problems (30-39 + 60-69 is one block), and 9 blocks, a diagonal of the 9 x 9 squ
 digit still appears in training in both places, with 8 of its 9 partners, so eval asks for range combinations the
 model never saw, made of digits it knows; generalising needs the digit-wise algorithm, not a memorised table. The
 split does not depend on the seed, so eval sets of different seeds are comparable.
+
+`data.operands` "2+1" asks a two-digit number plus a one-digit one ("What is 47 + 6?", for a pretrained model that
+reads the prompt through its chat template): a block is (tens digit of a, b), 81 blocks of 10 problems, and three
+diagonals (27 blocks, 270 problems) are held out so that eval has as many distinct problems to ask.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from dataclasses import dataclass
 LOW, HIGH = 10, 99  # both operands have exactly two digits: one layout (2 + 2 digits) for a tiny model to learn
 TENS = range(LOW // 10, HIGH // 10 + 1)  # 1..9
 SHIFT = 3  # the held-out diagonal: see held_out_blocks
+# data.operands -> (range of a, range of b, the diagonals held out, as shifts of tb against ta)
+OPERANDS: dict[str, tuple[range, range, tuple[int, ...]]] = {
+    "2+2": (range(LOW, HIGH + 1), range(LOW, HIGH + 1), (SHIFT,)),
+    "2+1": (range(LOW, HIGH + 1), range(1, 10), (SHIFT, 5, 7)),
+}
 _PROMPT = "\n\nHuman: What is {a} + {b}?\n\nAssistant:"
 _PARSE = re.compile(r"What is (\d+) \+ (\d+)\?")
 
@@ -38,7 +47,8 @@ class Problem:
 
     @property
     def block(self) -> Block:
-        return (self.a // 10, self.b // 10)
+        """(ta, tb): a two-digit operand's tens digit, a one-digit operand itself."""
+        return (self.a // 10 or self.a, self.b // 10 or self.b)
 
     @property
     def carries(self) -> bool:
@@ -50,7 +60,7 @@ class Problem:
         return _PROMPT.format(a=self.a, b=self.b)
 
 
-def held_out_blocks() -> frozenset[Block]:
+def held_out_blocks(operands: str = "2+2") -> frozenset[Block]:
     """The 9 of 81 operand-range blocks (11%) reserved for eval: tb = ta + 3, cyclically over the tens digits 1..9.
 
     (1, 4), (2, 5), ..., (6, 9), (7, 1), (8, 2), (9, 3): one block per row and per column (a Latin-square diagonal),
@@ -60,14 +70,15 @@ def held_out_blocks() -> frozenset[Block]:
     (9, 9), the only block whose answers reach 189-198. A held-out block's mirror (4, 1) is trained on: the same
     sums, asked in the other order, which a model does not know to be the same question.
     """
-    return frozenset((ta, (ta - 1 + SHIFT) % len(TENS) + 1) for ta in TENS)
+    return frozenset((ta, (ta - 1 + shift) % len(TENS) + 1) for shift in OPERANDS[operands][2] for ta in TENS)
 
 
-def problems(held_out: bool) -> list[Problem]:
-    """Every problem of the held-out blocks (`held_out=True`, 900) or of the training blocks (7,200), sorted."""
-    blocks = held_out_blocks()
-    return [Problem(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)
-            if ((a // 10, b // 10) in blocks) == held_out]
+def problems(held_out: bool, operands: str = "2+2") -> list[Problem]:
+    """Every problem of the held-out blocks (`held_out=True`; "2+2": 900, "2+1": 270) or of the training blocks
+    ("2+2": 7,200, "2+1": 540), sorted."""
+    blocks = held_out_blocks(operands)
+    a_range, b_range, _ = OPERANDS[operands]
+    return [p for a in a_range for b in b_range if ((p := Problem(a, b)).block in blocks) == held_out]
 
 
 def parse_problem(prompt: str) -> Problem | None:

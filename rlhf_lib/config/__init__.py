@@ -44,6 +44,13 @@ class PipelineConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _no_sft_needs_a_pretrained_model(self) -> "PipelineConfig":
+        if self.sft.max_steps == 0 and not self.model.name_or_path:
+            raise ValueError("sft.max_steps=0 keeps the base model untrained: it needs a pretrained "
+                             "model.name_or_path (a model built from scratch must be trained)")
+        return self
+
+    @model_validator(mode="after")
     def _room_for_prompts(self) -> "PipelineConfig":
         # Prompt + response must fit the position embeddings; leave at least 8 tokens of prompt.
         for section in ("ppo", "eval"):

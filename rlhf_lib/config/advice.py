@@ -65,7 +65,7 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
             continue  # LoRA adapters train at larger rates; no source above sizes them for PPO
         out.append(f"{key}={value:g} is sized for the built-in tiny GPT-2; a pretrained model ({loaded}) "
                    f"fine-tunes at about {sized}: set it, or {presets_hint(cfg.name)}")
-    if policy and cfg.model.n_positions < MIN_POSITIONS:
+    if policy and cfg.model.n_positions < MIN_POSITIONS and cfg.data.task != "arithmetic":  # arithmetic rows: short
         out.append(f"model.n_positions={cfg.model.n_positions} cuts every prompt + response of {policy} to that "
                    f"many tokens (the tiny model's context); the N+ details use a 512-token query and a 638-token "
                    f"query + response: {presets_hint(cfg.name)}")
@@ -73,9 +73,10 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
         out.append(f"ppo.logprob_chunk=null projects every response position of {policy} to its whole vocabulary at "
                    "once (a (rows, response, vocabulary) float32 block, kept for the backward pass): set "
                    f"ppo.logprob_chunk=64, or {presets_hint(cfg.name)}")
+    unused = {"sft.max_length": cfg.sft.max_steps == 0, "reward.max_length": cfg.ppo.reward_model is None}
     for key in ("sft.max_length", "reward.max_length"):
         loaded = reward if key.startswith("reward.") else policy
-        if loaded and _get(cfg, key) < MIN_LENGTH:
+        if loaded and _get(cfg, key) < MIN_LENGTH and not unused[key]:  # not when that stage trains nothing
             out.append(f"{key}={_get(cfg, key)} cuts the training rows of {loaded} to that many tokens (sized for "
                        f"the demo task's short rows): {presets_hint(cfg.name)}")
     return out

@@ -58,6 +58,9 @@ class DataConfig(Section):
     sft_correct: float = Field(
         0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
+    operands: Literal["2+2", "2+1"] = Field(
+        "2+2", description="Arithmetic task: digits of the two operands, \"2+2\" (\"What is 37 + 48?\") or \"2+1\" "
+        "(\"What is 47 + 6?\", 270 held-out problems; rlhf_lib/arith_task/problems.py).")
     tool: Literal["calculator"] | None = Field(
         None, description="Arithmetic task: demonstrations that call the calculator environment (\" <calc>37 + "
         "48</calc>\", then the answer after the tool's reply; docs/environments.md); pair with ppo.environment: "
@@ -106,9 +109,10 @@ class DataConfig(Section):
                                      "data.")
 
     def key(self) -> dict:
-        """The config as the data stage's cache key reads it: without `tool` when it is unset, so the key of a task
-        without tools is what it was before the key existed."""
-        return self.model_dump(exclude={"tool"} if self.tool is None else None)
+        """The config as the data stage's cache key reads it: without `tool` when it is unset and `operands` when it
+        is "2+2", so the key of a task without them is what it was before the keys existed."""
+        drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
+        return self.model_dump(exclude=drop or None)
 
     @property
     def user_data(self) -> bool:
@@ -127,6 +131,8 @@ class DataConfig(Section):
     def _arithmetic_is_built_in(self) -> "DataConfig":
         if self.tool is not None and self.task != "arithmetic":
             raise ValueError("data.tool: tool demonstrations are built for data.task=arithmetic only")
+        if self.operands != "2+2" and self.task != "arithmetic":
+            raise ValueError("data.operands: the operands of data.task=arithmetic only")
         if self.task == "arithmetic" and self.preferences is not None:
             raise ValueError("data.task=arithmetic builds its own data: unset data.preferences (user data), or use "
                              "data.task=demo")

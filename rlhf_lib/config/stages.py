@@ -59,8 +59,10 @@ class LoRAKeys(Section):
 
 class SFTConfig(LoRAKeys):
     epochs: int = Field(3, ge=1, description="Passes over the demonstrations.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
-                                  "schedule ends there too): a budget for a first run. null = every epoch.")
+    max_steps: int | None = Field(None, ge=0, description="Stop after this many optimizer steps (the learning-rate "
+                                  "schedule ends there too): a budget for a first run. null = every epoch. 0: no "
+                                  "training, the pretrained model.name_or_path is the SFT model (RL from the "
+                                  "pretrained model itself).")
     batch_size: int = Field(32, ge=1, description="Demonstrations per optimizer step.")
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")

@@ -20,15 +20,25 @@ def first_integer(text: str) -> int | None:
     return int(m.group()) if m else None
 
 
+def last_integer(text: str) -> int | None:
+    """The last integer written in `text`, or None."""
+    found = _INTEGER.findall(text)
+    return int(found[-1]) if found else None
+
+
 def exact_match(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[Any] | None = None,
-                **_: Any) -> list[float]:
-    """1.0 where the completion's first integer equals the row's `answer` column (compared as integers), else 0.0.
-    A completion without a number scores 0. The arithmetic task's verifier (data.task: arithmetic)."""
+                read: str = "first", **_: Any) -> list[float]:
+    """1.0 where the completion's first integer (`read: last`: its last) equals the row's `answer` column (compared
+    as integers), else 0.0. A completion without a number scores 0. The arithmetic task's verifier (data.task:
+    arithmetic); a chat model that writes "47 + 6 = 53" is read with `params: {read: last}`."""
     if answer is None:
         raise ValueError("exact_match needs an 'answer' column on the prompts (data.task: arithmetic writes one)")
+    if read not in ("first", "last"):
+        raise ValueError(f"exact_match: params.read is {read!r}; expected first or last")
+    pick = first_integer if read == "first" else last_integer
     out = []
     for completion, want in zip(completions, answer):
-        got = first_integer(completion)
+        got = pick(completion)
         out.append(float(got is not None and got == int(str(want).strip())))
     return out
 

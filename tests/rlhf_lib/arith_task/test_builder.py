@@ -126,3 +126,41 @@ def test_config_selects_the_task_and_refuses_user_data() -> None:
             DataConfig(task="arithmetic", sft_correct=bad)
     with pytest.raises(ValidationError, match="task"):
         DataConfig(task="algebra")  # type: ignore[arg-type]
+
+
+def test_a_chat_template_renders_every_row_and_keeps_the_answers(tmp_path: Path) -> None:
+    """A pretrained policy's template (`data.operands` 2+1): one user turn per prompt, replies without the leading
+    space, the answer column and the held-out split unchanged; the calculator's transcripts are refused."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from rlhf_lib.data.chat import Renderer
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    renderer = Renderer(lambda: tok, "auto")
+    paths = build_arithmetic_task(DataConfig(**{**SMALL, "operands": "2+1"}), tmp_path / "chat", renderer)
+    plain = build(tmp_path, "plain", operands="2+1")
+    for key in ("prompts_train", "prompts_eval"):
+        chat, text = lines(paths[key]), lines(plain[key])
+        assert [r["answer"] for r in chat] == [r["answer"] for r in text]
+        questions = [t["prompt"].removeprefix("\n\nHuman: ").removesuffix("\n\nAssistant:") for t in text]
+        assert [c["prompt"] for c in chat] == [f"<|user|>{q}\n<|assistant|>" for q in questions]
+    held = held_out_blocks("2+1")
+    assert all(parse_problem(r["prompt"]).block in held for r in lines(paths["prompts_eval"]))
+    assert all(r["response"] == t["response"].lstrip() for r, t in zip(lines(paths["sft"]), lines(plain["sft"])))
+    assert summarize(paths)["eval_chosen_correct"] == 1.0 and renderer.conversations
+    with pytest.raises(ValueError, match="set data.render=text"):
+        build_arithmetic_task(DataConfig(**{**SMALL, "tool": "calculator"}), tmp_path / "tool", Renderer(lambda: tok))
+    # Without a template (or with data.render=text) the rows stay HH transcripts.
+    same = build_arithmetic_task(DataConfig(**{**SMALL, "operands": "2+1"}), tmp_path / "t",
+                                 Renderer(lambda: tok, "text"))
+    assert all(same[k].read_bytes() == plain[k].read_bytes() for k in plain)
+
+
+def test_operands_are_an_arithmetic_key_and_leave_other_keys_alone() -> None:
+    assert "operands" not in DataConfig(task="arithmetic").key()
+    assert DataConfig(task="arithmetic", operands="2+1").key()["operands"] == "2+1"
+    with pytest.raises(ValidationError, match="data.task=arithmetic only"):
+        DataConfig(operands="2+1")

@@ -46,3 +46,17 @@ def test_training_covers_every_digit_and_every_tens_sum_of_eval():
     assert all(sum(n for (_, tb), n in partners.items() if tb == t) == 8 * 100 for t in range(1, 10))
     assert {sum(p.block) for p in held} <= {sum(p.block) for p in train}
     assert {p.answer for p in held} <= {p.answer for p in train}
+
+
+def test_two_plus_one_digit_operands_hold_out_three_diagonals():
+    train, held = problems(False, "2+1"), problems(True, "2+1")
+    assert (len(train), len(held)) == (540, 270) and not set(train) & set(held)
+    assert set(train) | set(held) == {Problem(a, b) for a in range(10, 100) for b in range(1, 10)}
+    assert Problem(47, 6).block == (4, 6) and Problem(47, 6).prompt.endswith("What is 47 + 6?\n\nAssistant:")
+    blocks = held_out_blocks("2+1")
+    assert len(blocks) == 27 and {(1, 4), (1, 6), (1, 8)} <= blocks and held_out_blocks() < blocks
+    # Every tens digit of a and every b keeps 6 of its 9 partners in training.
+    partners = Counter(p.block for p in train)
+    assert all(sum(n for (ta, _), n in partners.items() if ta == t) == 6 * 10 for t in range(1, 10))
+    assert all(sum(n for (_, b), n in partners.items() if b == t) == 6 * 10 for t in range(1, 10))
+    assert all(parse_problem(p.prompt) == p for p in held[::13])

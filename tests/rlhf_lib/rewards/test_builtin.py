@@ -17,6 +17,15 @@ def test_exact_match_reads_the_first_integer_against_the_answer_column():
     assert got == [1.0, 0.0, 0.0, 1.0, 1.0]
 
 
+def test_exact_match_can_read_the_last_integer():
+    # A chat model's "47 + 6 = 53": the first integer is an operand, the last one the answer.
+    texts = ["47 + 6 = 53", "47 + 6 = 52", "53", "To add 47 and 6, we", "The answer is 53. Great!"]
+    assert exact_match(["p"] * 5, texts, answer=[53] * 5, read="last") == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert exact_match(["p"] * 5, texts, answer=[53] * 5) == [0.0, 0.0, 1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="params.read is 'middle'"):
+        exact_match(["p"], ["1"], answer=[1], read="middle")
+
+
 def test_exact_match_without_the_column_names_it():
     with pytest.raises(ValueError, match="'answer' column"):
         exact_match(["p"], [" 1"])
