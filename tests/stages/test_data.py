@@ -38,15 +38,19 @@ def test_a_local_model_directory_is_part_of_the_fingerprint(tmp_path):
 
 
 class FakeRun:
-    """The part of a `StageRun` the data stage's build uses: artifact URI and metrics."""
+    """The part of a `StageRun` the data stage's build uses: artifact URI, metrics and tags."""
 
     artifact_uri = "file:///artifacts"
 
     def __init__(self) -> None:
         self.metrics: dict[str, float] = {}
+        self.tags: dict[str, str] = {}
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.metrics |= metrics
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.tags |= tags
 
 
 def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
