@@ -71,7 +71,8 @@ def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
     cfg = PipelineConfig.model_validate({"data": {"task": "arithmetic", "n_train_prompts": 40, "n_eval_prompts": 8}})
     assert data.data_stage.fn(cfg, ctx=None) == "result"
 
-    assert calls == [("data", {"data": cfg.data.key()}, "arithmetic")]
+    assert calls == [("data", {"data": cfg.data.key()}, "arithmetic")]  # no pretrained template: no model key
+    assert run.tags == {"rlhf.data.rendering": "text"}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(FILE_NAMES[k] for k in CONTRACT_FILES), "source.json"])
     info = data.source_info(tmp_path)
     assert (info["source"], info["judge"]) == ("arithmetic", None)
