@@ -18,7 +18,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from cli.console import clock
     from rlhf_lib.memory import (
-        STAGES,
         GiB,
         MemoryBudgetError,
         check,
@@ -26,6 +25,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         estimate,
         human,
         one_process_note,
+        planned_stages,
     )
     from rlhf_lib.shapes import resolve_models
 
@@ -34,7 +34,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget = ((int(args.budget_gb * GiB), f"--budget-gb {args.budget_gb:g}") if args.budget_gb is not None
               else device_budget(cfg.resources))
     models = resolve_models(cfg)
-    estimates = [estimate(cfg, stage, models) for stage in args.stage or STAGES]
+    estimates = [estimate(cfg, stage, models) for stage in args.stage or planned_stages(cfg)]
     times = None
     if not args.no_time:
         from benchmarks.stage_time import estimate_times

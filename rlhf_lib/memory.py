@@ -140,7 +140,8 @@ def _ppo_static(cfg: PipelineConfig, ms: Models) -> list[Component]:
     else:
         out += [Component("weights", "reference", p.params * fb, frozen + ("ppo.lora",)),
                 *_trained("policy", p.params + head, tb, ("ppo.lora",) + half)]
-    out.append(Component("weights", "reward model", ms.reward.params * fb, frozen))
+    if c.reward_model is not None:  # function, judge, http or environment sources alone load no RM
+        out.append(Component("weights", "reward model", ms.reward.params * fb, frozen))
     if c.has_critic and c.critic == "separate":
         out += [Component("weights", "value model", v.params * tb, critic), *_trained("value model", v.params, tb, critic)]
     if r.num_processes > 1:
@@ -172,9 +173,10 @@ def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
                  "ppo.score_batch_size"),
             _act("reference logits", logits_bytes(s_rows, chunk, p.vocab, LOGIT_COPIES_INFER), "ppo.logprob_chunk",
                  "ppo.score_batch_size")],
-        "score: reward model": [_act("reward model forward", forward_activations(
-            ms.reward, s_rows * _cap(cfg.model.n_positions, ms.reward), act_f), "ppo.score_batch_size")],
     }
+    if c.reward_model is not None:
+        phases["score: reward model"] = [_act("reward model forward", forward_activations(
+            ms.reward, s_rows * _cap(cfg.model.n_positions, ms.reward), act_f), "ppo.score_batch_size")]
     separate = c.has_critic and c.critic == "separate"
     if c.has_critic:
         phases["score: values"] = [_act("value forward", forward_activations(v if separate else p, s_rows * t, act_t),
@@ -237,11 +239,12 @@ def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
     p, e, tb, rb = ms.policy, cfg.eval, DTYPE_BYTES[ms.dtype], DTYPE_BYTES[ms.reward_dtype]
     act = 2 if cfg.resources.mixed_precision != "no" else tb
     half = _if(ms.dtype == "float32", "model.dtype=bfloat16")
+    rm = cfg.ppo.reward_model is not None
     static = [Component("weights", "policy", p.params * tb, half), Component("weights", "SFT model", p.params * tb, half),
-              Component("weights", "reward model", ms.reward.params * rb, half)]
+              Component("weights", "reward model", ms.reward.params * rb * rm, half)]
     t = _cap(cfg.model.n_positions, p)
     resp, rows = min(e.max_new_tokens, t - 1), e.batch_size
-    return static, {
+    phases = {
         "sampling": [_act("sampling KV cache", kv_cache_bytes(p, rows, t, act), "eval.batch_size", "model.n_positions"),
                      _act("sampling prompt forward", forward_activations(p, rows * (t - resp), act), "eval.batch_size"),
                      _act("sampling logits", logits_bytes(rows, 1, p.vocab, LOGIT_COPIES_INFER))],
@@ -255,6 +258,16 @@ def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
             ms.reward, cfg.reward.eval_batch_size * _cap(cfg.reward.max_length, ms.reward), act),
             "reward.eval_batch_size")],
     }
+    if not rm:  # the reward came from functions, judges, endpoints or an environment: no RM forward
+        del phases["reward scores"], phases["held-out accuracy"]
+    return static, phases
+
+
+def planned_stages(cfg: PipelineConfig) -> tuple[str, ...]:
+    """The stages of STAGES that train or load models under `cfg`: no reward stage without a reward source of kind
+    model (the pipeline skips it), no SFT stage with sft.max_steps 0 (it registers the pretrained weights)."""
+    skipped = {"reward"} if cfg.ppo.reward_model is None else set()
+    return tuple(s for s in STAGES if s not in skipped | ({"sft"} if cfg.sft.max_steps == 0 else set()))
 
 
 def estimate(cfg: PipelineConfig, stage: str, models: Models | None = None) -> Estimate:

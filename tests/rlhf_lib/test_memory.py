@@ -269,3 +269,18 @@ def test_one_process_on_a_cpu_plans_for_the_largest_stage():
     assert one_process_note(ests[:1], cpu.resources) is None  # one stage: its own figure is the plan
     gpu = config(resources={"device": "cuda"})
     assert one_process_note([estimate(gpu, s) for s in ("sft", "reward")], gpu.resources) is None
+
+
+def test_without_a_reward_model_nothing_of_one_is_planned():
+    """Function rewards alone (the arithmetic task): no RM weights or forward in PPO and eval, no reward stage; with
+    sft.max_steps 0, no SFT stage either."""
+    from rlhf_lib.memory import planned_stages
+
+    rewards = [{"name": "accuracy", "kind": "function", "function": "rlhf_lib.rewards.builtin:exact_match"}]
+    cfg = config(ppo={"rewards": rewards})
+    for stage in ("ppo", "eval"):
+        est = estimate(cfg, stage)
+        assert part(est, "weights", "reward model") == 0 and part(estimate(config(), stage), "weights", "reward model")
+        assert not [name for name in est.phases if "reward" in name]
+    assert planned_stages(cfg) == ("sft", "ppo", "eval") and planned_stages(config()) == ("sft", "reward", "ppo", "eval")
+    assert planned_stages(config(ppo={"rewards": rewards}, sft={"max_steps": 0})) == ("ppo", "eval")
