@@ -47,6 +47,7 @@ class PPOSetup:
             raise ValueError("PPO takes resources.mixed_precision bf16 or no: fp16 autocast needs loss scaling, "
                              "which would scale the PPO ratio's gradients per step; use bf16")
         self.models, self.cfg, self.max_prompt_tokens = models, cfg, max_prompt_tokens
+        self.score_seconds: dict[str, float] = {}  # each reward source's seconds in the last score phase
         self.device = self.group.device
         # The trained models keep their dtype (model.dtype, float32 by default); the frozen ones take frozen_dtype.
         for model in filter(None, (models.policy, models.value)):

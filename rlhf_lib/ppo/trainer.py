@@ -118,6 +118,7 @@ class PPOTrainer(PPOSetup):
             scores = self.rewards(ro.prompts, ro.query, ro.query_mask, ro.response, ro.response_mask, **extra)
         ro.ref_logprobs, ro.values = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
         ro.raw_scores, ro.score_parts = scores.total, scores.parts
+        self.score_seconds = scores.seconds
 
     # 3. rewards and 4. advantages ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -149,6 +150,8 @@ class PPOTrainer(PPOSetup):
         stats = advantage_stats(ro, advantages, kl, self.kl_ctl.value, score_stats, reward_stats)
         if ro.score_parts:
             stats.update(part_stats(ro.score_parts, self.rewards.weights))
+        # Each source's share of the score phase (this process's rows): a judge's or an endpoint's cost beside the RM's.
+        stats.update({f"time/score/{name}_s": s for name, s in self.score_seconds.items()})
         # The controller sees the KL of the samples it just shaped (Ziegler et al. 2019, eq. 2).
         self.kl_ctl.update(kl["kl_k1"], ro.batch_size)
         return stats

@@ -12,8 +12,9 @@ of `rlhf_lib.ppo.shaping` then apply to the sum.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,10 +32,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Scores:
-    """total: (B,) float32, the weighted sum; parts: each source's raw (B,) float32 score, by source name."""
+    """total: (B,) float32, the weighted sum; parts: each source's raw (B,) float32 score, by source name; seconds:
+    each source's wall time on this batch (the cost of a judge or an endpoint beside the RM's)."""
 
     total: torch.Tensor
     parts: dict[str, torch.Tensor]
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def build_text_rewards(sources: Sequence[RewardSource]) -> dict[str, TextReward]:
@@ -96,7 +99,9 @@ class RewardSet:
         if len(prompts) != n:
             raise RewardError(f"reward sources: {len(prompts)} prompt texts for {n} rows")
         batch = self.text_batch(prompts, response, response_mask, completions) if self.text else None
+        seconds = {}
         for s in self.sources:
+            t0 = time.perf_counter()
             if s.kind == "environment":
                 if env_returns is None:
                     raise RewardError(f"{s.describe()}: this rollout ran without an environment")
@@ -108,8 +113,11 @@ class RewardSet:
             else:
                 values = check_scores(self.text[s.name](batch), n, s.describe())
                 parts[s.name] = torch.tensor(values, dtype=torch.float32, device=response.device)
+            if parts[s.name].is_cuda:
+                torch.cuda.synchronize(parts[s.name].device)  # the kernels' time, not their launch's
+            seconds[s.name] = time.perf_counter() - t0
         total = sum((s.weight * parts[s.name] for s in self.sources), torch.zeros(n, device=response.device))
-        return Scores(total, parts)
+        return Scores(total, parts, seconds)
 
 
 def part_stats(parts: Mapping[str, torch.Tensor], weights: Mapping[str, float]) -> dict[str, float]:

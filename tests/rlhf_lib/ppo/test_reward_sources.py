@@ -97,6 +97,14 @@ def test_rm_and_function_both_in_the_metrics(tiny_tokenizer, tiny_policy):
         assert key in stats
 
 
+def test_each_source_reports_its_seconds(tiny_tokenizer, tiny_policy):
+    slow = RewardSource(name="slow", kind="function", function=f"{MOD}:slow", params={"seconds": 0.2}, weight=0.0)
+    trainer = _trainer(tiny_tokenizer, tiny_policy, _cfg(RewardSource(name="rm", kind="model"), slow), with_rm=True)
+    _, stats = trainer.step()
+    assert stats["time/score/slow_s"] >= 0.2 and 0.0 <= stats["time/score/rm_s"] <= stats["time/score_s"]
+    assert stats["time/score/slow_s"] <= stats["time/score_s"]
+
+
 @pytest.mark.parametrize("name", ["too_few", "not_finite", "raises"])
 def test_a_failing_source_leaves_the_trainer_as_it_was(tiny_tokenizer, tiny_policy, name):
     bad = RewardSource(name="bad", kind="function", function=f"{MOD}:{name}")

@@ -30,3 +30,11 @@ def raises(prompts, completions, **_):
 
 
 NOT_CALLABLE = 3
+
+
+def slow(prompts, completions, seconds=0.05, **_):
+    """0 per row, after sleeping `seconds`: a source whose cost shows in `time/score/<name>_s`."""
+    import time
+
+    time.sleep(seconds)
+    return [0.0] * len(completions)
