@@ -1,9 +1,10 @@
 """Parameters are data, never code: what a pipeline run that arrives through a deployment (the Prefect API: a
 flow run created by `prefect deployment run`, the UI, an HTTP client) may name.
 
-Such a run chooses data, models and numbers. Four keys make the worker run code it was not installed with:
+Such a run chooses data, models and numbers. Five keys make the worker run code it was not installed with:
 `model.trust_remote_code` and `reward.trust_remote_code` (a checkpoint's own Python files),
-`ppo.rewards[].function` (any importable `module:function`, imported while the PPO cache key is computed) and
+`ppo.rewards[].function` and `eval.judge.function` (any importable `module:function`, imported while the PPO or
+eval cache key is computed) and
 `ppo.environment` (a `module:Class` run at every rollout turn; the built-in `calculator` is always allowed). A
 deployment run may set them only where the host that runs it allows them in its own settings, never through a
 parameter:
@@ -37,6 +38,8 @@ def code_requests(cfg: PipelineConfig) -> list[tuple[str, str]]:
            for section in ("model", "reward") if getattr(cfg, section).trust_remote_code]
     out += [(f"ppo.rewards[{i}].function", f"function:{r.function}")
             for i, r in enumerate(cfg.ppo.rewards) if r.kind == "function" and r.function]
+    if (judge := cfg.eval.judge) is not None and judge.kind == "function" and judge.function:
+        out.append(("eval.judge.function", f"function:{judge.function}"))
     env = cfg.ppo.environment
     if env is not None and env not in BUILTIN_ENVIRONMENTS:
         out.append(("ppo.environment", f"environment:{env}"))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
 
     from rlhf_lib.envs.episodes import EpisodeRunner
 
-Judge = Callable[[str, str], float]
+Judge = Callable[[str, str], float]  # the demo task's gold judge; eval.judge comes as a RewardSet of its one source
 Terms = Callable[[str, str], dict[str, float]]  # the judge's score term by term (the demo task's gold_breakdown)
 
 
@@ -57,7 +57,7 @@ class EvalResult:
 @torch.inference_mode()
 def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None,
+    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
 ) -> Generations:
     """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
@@ -67,7 +67,7 @@ def generate_and_score(
     With a `runner` (ppo.environment) each prompt is a multi-turn episode: the KL and the length count the policy's
     own tokens, the text is the last policy turn and `turns` holds each episode turn by turn."""
     gen = torch.Generator().manual_seed(cfg.seed)
-    texts, scores, parts, lengths, eos, kls, turns = [], [], [], [], [], [], []
+    texts, scores, parts, lengths, eos, kls, turns, judged = [], [], [], [], [], [], [], []
     batch_size = cfg.batch_size
     for i in range(0, len(prompts), batch_size):
         q, qm = encode_prompts(tokenizer, prompts[i : i + batch_size], max_prompt_tokens)
@@ -88,12 +88,17 @@ def generate_and_score(
         ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)
         device = r.device
         got = rewards(chunk_prompts, q.to(device), qm.to(device), r, rm, **extra)
+        if isinstance(judge, RewardSet):  # eval.judge: a source PPO never optimised, on the same tokens
+            judged.append(judge(chunk_prompts, q.to(device), qm.to(device), r, rm, **extra).total.float().cpu())
         scores.append(got.total.float().cpu())
         parts.append({k: v.float().cpu() for k, v in got.parts.items()})
         lengths.append(act.sum(1).float().cpu())
         eos.append(ends_with_eos(r, rm, tokenizer.eos_token_id).cpu())
         kls.append(masked_sum(kl_per_token(logp, ref_logp, "k1"), act, dim=1).float().cpu())
-    gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
+    if isinstance(judge, RewardSet):
+        gold = torch.cat(judged).tolist() if judged else []
+    else:
+        gold = [judge(p, t) for p, t in zip(prompts, texts)] if judge else None
     by_term = None
     if terms is not None:
         rows = [terms(p, t) for p, t in zip(prompts, texts)]
@@ -184,7 +189,7 @@ def sample_rows(prompts: Sequence[str], policy: Generations, sft: Generations, n
 
 def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None = None,
+    prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None = None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
@@ -204,7 +209,7 @@ def evaluate(
 
 
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-              cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | None, chunk: int | None,
+              cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None, chunk: int | None,
               policy: Generations, runner: EpisodeRunner | None = None,
               ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`

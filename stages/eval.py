@@ -43,6 +43,7 @@ from stages.data import (
     prompt_columns,
     source_info,
 )
+from stages.eval_judge import eval_judge_model, load_eval_judge
 from stages.models_io import judge_models
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
@@ -111,7 +112,7 @@ def by_topic_group(prompts: list[str], policy_gold: list[float], sft_gold: list[
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
-           judges: dict[str, str] | None = None):
+           judges: dict[str, str] | None = None, eval_judge: str | None = None):
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
         dirs = {k: download(v.artifact_uri, v.digest) for k, v in upstream.items()}  # not before the look-up
@@ -143,6 +144,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
+        if cfg.eval.judge is not None:  # a judge PPO never optimised: the gold of this eval
+            judge, terms = load_eval_judge(cfg, eval_judge, tokenizer, data_dir, rewards.columns, device), None
         per_turn = cfg.ppo.model_copy(update={"max_new_tokens": cfg.eval.max_new_tokens})
         max_prompt = cfg.model.n_positions - per_turn.response_tokens
         precision = autocast(device, cfg.resources.mixed_precision)
@@ -154,12 +157,12 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
         template = None
-        if result.gold is not None and result.gold_sft is not None and has_judge(data_dir):
+        if result.gold is not None and result.gold_sft is not None and has_judge(data_dir) and terms is not None:
             more, more_bounds = by_topic_group(prompts, result.gold, result.gold_sft)
             metrics.update(more)
             bounds.update(more_bounds)
-        if (cfg.eval.constant_reply_prompts and result.gold is not None and reward is not None and own is None
-                and optional_digest(data_dir, "prompts_val")):
+        if (cfg.eval.constant_reply_prompts and terms is not None and result.gold is not None and reward is not None
+                and own is None and optional_digest(data_dir, "prompts_val")):
             more, more_bounds, template = constant_reply(cfg, data_dir, reward, tokenizer, prompts, result.gold,
                                                          precision)
             metrics.update(more)
@@ -194,7 +197,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             "lineage": {f"{k} model": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
                "held-out pairs": len(pairs), **({"pairs each judge read": len(judged)} if graders else {}),
-               "judge": "gold judge (demo task)" if judge else "none: RM-judged only",
+               "judge": (cfg.eval.judge.describe().replace("reward", "eval.judge", 1) if cfg.eval.judge
+                         else "gold judge (demo task)" if judge else "none: RM-judged only"),
                "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)}
             | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {}),
             "metrics": metrics,
@@ -243,7 +247,11 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     judges, judge_ids = judge_models(config.ppo.rewards)
     if judge_ids:
         section["judges"] = judge_ids
-    build = _build(config, data_dir, data, upstream, judges)
+    eval_judge = None
+    if config.eval.judge is not None:  # its model's identity, and a function's source, join the key
+        eval_judge, section["eval_judge"] = eval_judge_model(config.eval.judge)
+        section["eval_judge_code"] = reward_code([config.eval.judge])
+    build = _build(config, data_dir, data, upstream, judges, eval_judge)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())
     metrics = report["metrics"]

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from rlhf_lib.config.base import Section
+from rlhf_lib.config.rewards import RewardSource
 
 
 def no_is_false(value: object) -> object:
@@ -147,10 +148,28 @@ class EvalConfig(Section):
                                     "many held-out pairs (two rubric prompts per pair through the judge model); the "
                                     "reward model's accuracy still covers every pair. null = all of them.")
 
+    judge: RewardSource | None = Field(
+        None, description="A judge PPO never optimised, scoring PPO, SFT and best-of-n on the held-out prompts: its "
+        "scores are the eval's gold (gold_reward_mean, win_rate_vs_sft, best_of_<n>_gold_*, each with its interval) "
+        "in place of the demo task's judge. Any reward source but environment: {name: judge, kind: model, model: "
+        "models:/rlhf-judge-rm/1} (a reward model trained on other pairs; model is required), {kind: judge, model: "
+        "smollm2, template: ...}, a function or an endpoint. Its weight is unused.")
+
+    @model_validator(mode="after")
+    def _an_independent_judge(self) -> "EvalConfig":
+        j = self.judge
+        if j is not None and j.kind == "environment":
+            raise ValueError("eval.judge: kind environment scores episodes, not replies; use kind model, judge, "
+                             "function or http")
+        if j is not None and j.kind == "model" and not j.model:
+            raise ValueError("eval.judge: kind model needs model (the URI of a reward model PPO did not train "
+                             "against, e.g. models:/rlhf-judge-rm/1)")
+        return self
+
     def key(self) -> dict:
-        """The config as the eval stage's cache key reads it: without `judge_pairs` when it is unset, so a run's key
-        is what it was before the key existed."""
-        return self.model_dump(exclude={"judge_pairs"} if self.judge_pairs is None else None)
+        """The config as the eval stage's cache key reads it: without `judge_pairs` and `judge` when they are unset,
+        so a run's key is what it was before the keys existed."""
+        return self.model_dump(exclude={k for k in ("judge_pairs", "judge") if getattr(self, k) is None} or None)
 
 
 class ResourcesConfig(Section):

@@ -18,10 +18,12 @@ FN = {"name": "f", "kind": "function"}
 
 def test_the_keys_that_run_code_are_found():
     cfg = _cfg(model={"trust_remote_code": True}, reward={"trust_remote_code": True},
-               ppo={"rewards": [{"name": "rm", "kind": "model"}, {**FN, "function": "my.mod:score"}]})
+               ppo={"rewards": [{"name": "rm", "kind": "model"}, {**FN, "function": "my.mod:score"}]},
+               eval={"judge": {**FN, "function": "their.mod:grade"}})
     assert code_requests(cfg) == [("model.trust_remote_code", "model.trust_remote_code"),
                                   ("reward.trust_remote_code", "reward.trust_remote_code"),
-                                  ("ppo.rewards[1].function", "function:my.mod:score")]
+                                  ("ppo.rewards[1].function", "function:my.mod:score"),
+                                  ("eval.judge.function", "function:their.mod:grade")]
     assert code_requests(PipelineConfig()) == []
 
 

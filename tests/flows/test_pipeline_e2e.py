@@ -367,11 +367,23 @@ def test_a_judge_reward_beside_the_rm(first):
     assert 0.0 <= out["eval"]["reward_judge_mean"] <= 1.0 and "reward_rm_mean" in out["eval"]
     lo, hi = out["eval"]["judge_judge_accuracy_ci95"]  # its agreement with the held-out labels, as the RM's
     assert lo <= out["eval"]["judge_judge_accuracy"] <= hi
-    # eval.judge_pairs caps the judge's held-out pairs (the RM still reads all): only the eval reruns.
-    capped = rlhf(config=load_config("micro", None, [rewards, "eval.judge_pairs=3"]), pipeline="full")
+    # eval.judge_pairs caps the judge's held-out pairs (the RM still reads all), and eval.judge replaces the demo's
+    # gold judge by a model named by its URI (here the reward stage's RM itself, so its gold is the RM's reward):
+    # only the eval reruns.
+    rm_uri = out["stages"]["reward"]["model_uri"]
+    capped = rlhf(config=load_config("micro", None, [
+        rewards, "eval.judge_pairs=3", f"eval.judge={{name: other, kind: model, model: '{rm_uri}'}}"]), pipeline="full")
+    ev = capped["eval"]
     assert capped["stages"]["ppo"]["status"] == "cached" and capped["stages"]["eval"]["status"] == "ran"
-    assert round(capped["eval"]["judge_judge_accuracy"] * 3, 9) in (0, 1, 2, 3)
-    assert capped["eval"]["reward_model_accuracy"] == out["eval"]["reward_model_accuracy"]
+    assert round(ev["judge_judge_accuracy"] * 3, 9) in (0, 1, 2, 3)
+    assert ev["reward_model_accuracy"] == out["eval"]["reward_model_accuracy"]
+    assert ev["gold_reward_mean"] == pytest.approx(ev["reward_rm_mean"], abs=1e-4)
+    assert ev["gold_reward_mean_sft"] == pytest.approx(ev["reward_rm_mean_sft"], abs=1e-4)
+    lo, hi = ev["win_rate_vs_sft_ci95"]
+    assert lo <= ev["win_rate_vs_sft"] <= hi and "best_of_4_gold_mean" in ev  # micro: best_of [4, 16]
+    report = json.loads(Path(MlflowClient().download_artifacts(capped["stages"]["eval"]["mlflow_run_id"],
+                                                                "report/report.json")).read_text())
+    assert report["lineage"]["judge"].startswith("eval.judge 'other' (model models:/")
     from rlhf_lib.config import ConfigError
 
     with pytest.raises(ConfigError, match="lacks the placeholder"):  # refused when the config is read

@@ -75,7 +75,7 @@ def test_tool_demonstrations_are_an_arithmetic_key_and_leave_other_keys_alone():
 
     with pytest.raises(ValidationError, match="data.task=arithmetic only"):
         DataConfig(tool="calculator")
-    assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude={"tool"})
+    assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude={"tool", "operands"})
     assert DataConfig(task="arithmetic", tool="calculator").key()["tool"] == "calculator"
 
 
@@ -83,7 +83,18 @@ def test_the_judge_pairs_cap_is_an_eval_key_only_when_set():
     from rlhf_lib.config.stages import EvalConfig
 
     assert "judge_pairs" not in EvalConfig().key() and EvalConfig().key() == EvalConfig().model_dump(
-        exclude={"judge_pairs"})
+        exclude={"judge_pairs", "judge"})
     assert EvalConfig(judge_pairs=128).key()["judge_pairs"] == 128
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         EvalConfig(judge_pairs=0)
+
+
+def test_an_eval_judge_is_any_source_but_an_environment_and_names_its_model():
+    from rlhf_lib.config.stages import EvalConfig
+
+    fn = {"name": "len", "kind": "function", "function": "rlhf_lib.rewards.builtin:length_target"}
+    assert EvalConfig(judge=fn).key()["judge"]["function"] == fn["function"] and "judge" not in EvalConfig().key()
+    with pytest.raises(ValidationError, match="eval.judge: kind environment scores episodes"):
+        EvalConfig(judge={"name": "env", "kind": "environment"})
+    with pytest.raises(ValidationError, match="eval.judge: kind model needs model"):
+        EvalConfig(judge={"name": "rm", "kind": "model"})
