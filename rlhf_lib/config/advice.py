@@ -56,10 +56,12 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
     the key, its value, and a literature value or the preset to start from."""
     policy, reward = cfg.model.name_or_path, cfg.model.name_or_path or cfg.reward.name_or_path
     out: list[str] = []
+    # Keys of a stage that trains nothing: SFT with max_steps 0, the reward stage without a reward model.
+    idle = {"sft": cfg.sft.max_steps == 0, "reward": cfg.ppo.reward_model is None}
     for key, ceiling, sized in LR_CEILINGS:
         loaded = reward if key.startswith("reward.") else policy
         value = _get(cfg, key)
-        if not loaded or value is None or value <= ceiling:
+        if not loaded or value is None or value <= ceiling or idle.get(key.split(".")[0]):
             continue
         if key.startswith("ppo.") and cfg.ppo.lora:
             continue  # LoRA adapters train at larger rates; no source above sizes them for PPO
@@ -73,10 +75,9 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
         out.append(f"ppo.logprob_chunk=null projects every response position of {policy} to its whole vocabulary at "
                    "once (a (rows, response, vocabulary) float32 block, kept for the backward pass): set "
                    f"ppo.logprob_chunk=64, or {presets_hint(cfg.name)}")
-    unused = {"sft.max_length": cfg.sft.max_steps == 0, "reward.max_length": cfg.ppo.reward_model is None}
     for key in ("sft.max_length", "reward.max_length"):
         loaded = reward if key.startswith("reward.") else policy
-        if loaded and _get(cfg, key) < MIN_LENGTH and not unused[key]:  # not when that stage trains nothing
+        if loaded and _get(cfg, key) < MIN_LENGTH and not idle[key.split(".")[0]]:
             out.append(f"{key}={_get(cfg, key)} cuts the training rows of {loaded} to that many tokens (sized for "
                        f"the demo task's short rows): {presets_hint(cfg.name)}")
     return out

@@ -51,13 +51,22 @@ def test_reward_keys_follow_the_reward_base_model():
     assert "pythia-410m" in msgs[0]
 
 
+def test_the_keys_of_a_stage_that_trains_nothing_are_not_judged():
+    # RL from the pretrained model (sft.max_steps 0) on a function reward (no reward stage): SFT's and the RM's
+    # tiny-model defaults do not matter; PPO's do.
+    rewards = [{"name": "acc", "kind": "function", "function": "rlhf_lib.rewards.builtin:exact_match"}]
+    msgs = tiny_defaults(_cfg(model={"name_or_path": "gpt2"}, sft={"max_steps": 0}, ppo={"rewards": rewards}))
+    assert [m.split("=")[0] for m in msgs] == ["ppo.lr", "model.n_positions", "ppo.logprob_chunk"]
+
+
 def test_lora_ppo_rates_are_not_judged():
     cfg = _cfg(model={"name_or_path": "gpt2", "n_positions": 640}, sft={"lr": 2e-5, "max_length": 640},
                reward={"lr": 5e-5, "max_length": 640}, ppo={"lr": 1e-4, "lora": True, "logprob_chunk": 64})
     assert tiny_defaults(cfg) == []
 
 
-@pytest.mark.parametrize("preset", ["gpt2-124m", "qwen-0.5b", "pythia-160m", "demo", "micro", "smollm2-hh"])
+@pytest.mark.parametrize("preset", ["gpt2-124m", "qwen-0.5b", "pythia-160m", "demo", "micro", "smollm2-hh",
+                                    "smollm2-arith"])
 def test_shipped_presets_get_no_advice(preset):
     with warnings.catch_warnings():
         warnings.simplefilter("error", TinyDefaultsWarning)
