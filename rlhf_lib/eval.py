@@ -164,10 +164,12 @@ def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
     return rows
 
 
-def intervals(policy: Generations, sft: Generations) -> dict[str, tuple[float, float]]:
-    """95 % interval of each held-out metric: a seeded bootstrap over prompts for the means and win rates, Wilson's
-    for the share of responses without EOS."""
-    out = {k: mean_interval(v) for k, v in per_row(policy, sft).items()}
+def intervals(policy: Generations, sft: Generations, prompts: Sequence[str] | None = None,
+              ) -> dict[str, tuple[float, float]]:
+    """95 % interval of each held-out metric: a seeded bootstrap over prompts for the means and win rates (the
+    replies to a prompt asked more than once resampled together), Wilson's for the share of responses without
+    EOS."""
+    out = {k: mean_interval(v, groups=prompts) for k, v in per_row(policy, sft).items()}
     out["no_eos_frac"] = proportion_interval(int((~policy.has_eos).sum()), len(policy.texts))
     return out
 
@@ -198,7 +200,7 @@ def evaluate(
     kw = {"chunk": chunk, "terms": terms, "runner": runner}
     pol = generate_and_score(policy, sft, *args, **kw)
     base = generate_and_score(sft, sft, *args, **kw)
-    metrics, bounds = compare(pol, base), intervals(pol, base)
+    metrics, bounds = compare(pol, base), intervals(pol, base, prompts)
     if cfg.best_of:
         more, more_bounds = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk, pol,
                                       runner)
@@ -216,7 +218,8 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
     reward sources score highest kept, judged like the policy's replies on the same prompts. Per n: the kept replies'
     reward and gold means, PPO's lead over them in gold and its win rates (gold, reward), each with a bootstrap
-    interval over prompts; and the best-of-n policy's KL to SFT, log n - (n - 1) / n (Stiennon et al. 2020)."""
+    interval over prompts (a repeated prompt's rows together); and the best-of-n policy's KL to SFT,
+    log n - (n - 1) / n (Stiennon et al. 2020)."""
     m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
     sub = list(prompts[:m])
     draws = [generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
@@ -240,4 +243,4 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
             rows[f"win_rate_vs_best_of_{n}"] = win_indicators(pol_gold, kept_gold).tolist()
         out[f"best_of_{n}_kl"] = math.log(n) - (n - 1) / n
     out |= {k: sum(v) / len(v) for k, v in rows.items()}
-    return out, {k: mean_interval(v) for k, v in rows.items()}
+    return out, {k: mean_interval(v, groups=sub) for k, v in rows.items()}

@@ -26,9 +26,13 @@ def proportion_interval(successes: int, n: int, confidence: float = CONFIDENCE) 
 
 
 def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE, seed: int = 0,
-                  resamples: int = RESAMPLES) -> tuple[float, float]:
+                  resamples: int = RESAMPLES, groups: Sequence[object] | None = None) -> tuple[float, float]:
     """Percentile-bootstrap interval of the mean of `values` (rows resampled with replacement, seeded, so a report
-    is reproducible). Constant values give (v, v); fewer than 2 values (nan, nan)."""
+    is reproducible). Constant values give (v, v); fewer than 2 values (nan, nan).
+
+    With `groups` (one label per value, e.g. the prompt of each reply) that repeat, the rows of one label are
+    resampled together (`cluster_interval`): ten replies to one held-out problem are one draw of a problem, not ten
+    independent ones. Labels that never repeat leave the row bootstrap as it is."""
     from scipy.stats import bootstrap
 
     x = np.asarray(values, dtype=np.float64)
@@ -36,9 +40,29 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE, seed:
         return float("nan"), float("nan")
     if np.ptp(x) == 0:
         return float(x[0]), float(x[0])
+    if groups is not None and len(set(groups)) < len(groups):
+        return cluster_interval(x, groups, confidence, seed, resamples)
     res = bootstrap((x,), np.mean, confidence_level=confidence, n_resamples=resamples, method="percentile",
                     rng=np.random.default_rng(seed))
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def cluster_interval(values: Sequence[float], groups: Sequence[object], confidence: float = CONFIDENCE,
+                     seed: int = 0, resamples: int = RESAMPLES) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of `values` whose rows come in clusters (`groups`, one label per
+    row): each resample draws as many clusters as there are, with replacement, and takes the mean of all their rows
+    (Davison & Hinkley 1997, section 3.8). Shapes: values (N,), groups (N,). One cluster gives (nan, nan)."""
+    x = np.asarray(values, dtype=np.float64)
+    if len(groups) != x.size:
+        raise ValueError(f"{x.size} values but {len(groups)} group labels")
+    labels, index = np.unique(np.asarray([str(g) for g in groups]), return_inverse=True)
+    if labels.size < 2:
+        return float("nan"), float("nan")
+    sums, counts = np.bincount(index, weights=x), np.bincount(index).astype(np.float64)  # (G,), (G,)
+    pick = np.random.default_rng(seed).integers(0, labels.size, size=(resamples, labels.size))  # (B, G)
+    means = sums[pick].sum(1) / counts[pick].sum(1)  # (B,)
+    tail = (1 - confidence) / 2 * 100
+    return float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
 def standard_error(values: Sequence[float]) -> float:

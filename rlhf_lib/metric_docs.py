@@ -196,7 +196,8 @@ EVAL = (
        "prompts; its text is in the report's lineage): its gold on the eval prompts, PPO's lead over it and PPO's "
        "gold win rate against it", "lead <= 0: a lookup table does as well as the trained policy"),
     _m("eval/<figure>_ci95_low eval/<figure>_ci95_high", "95 % interval of each held-out figure: a seeded bootstrap "
-       "over prompts (means, win rates), Wilson's (shares: no_eos_frac, reward_model_accuracy)",
+       "over prompts (means, win rates; the replies to a prompt asked more than once resampled together), "
+       "Wilson's (shares: no_eos_frac, reward_model_accuracy)",
        "two runs whose intervals overlap cannot be told apart"),
 )
 

@@ -19,7 +19,7 @@ from ..demo_task.builder import FILE_NAMES
 from ..envs.render import transcript_observation
 from ..models import EOS_TOKEN
 from .answers import answer_of, demonstration, eval_pair, ranked_list, tool_demonstrations
-from .problems import Problem, parse_problem, problems
+from .problems import Problem, parse_problem, problems, with_instruction
 
 
 def _rng(seed: int, stream: str) -> random.Random:
@@ -63,7 +63,8 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Render
     model.name_or_path, data.render auto or chat_template), every row is rendered through it. Sizes:
     `n_train_prompts` training problems (from the training blocks) with `sft_per_prompt` demonstrations (each right
     with probability `sft_correct`) and `ranked_per_prompt` ranked lists of `responses_per_list`; `n_eval_prompts`
-    held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each.
+    held-out problems (from the held-out blocks) with `eval_pairs_per_prompt` pairs each. `cfg.instruction` follows
+    every question.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,9 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Render
         "prompts_eval": [_prompt_row(p) for p in evals],
         "eval_pairs": pairs,
     }
+    if cfg.instruction:
+        rows = {key: [dict(r, prompt=with_instruction(r["prompt"], cfg.instruction)) for r in rs]
+                for key, rs in rows.items()}
     if renderer is not None and renderer.templated():
         if cfg.tool is not None:
             raise ValueError("data.tool: the calculator demonstrations are written as HH transcripts; with a chat "

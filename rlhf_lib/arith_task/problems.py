@@ -12,7 +12,9 @@ split does not depend on the seed, so eval sets of different seeds are comparabl
 
 `data.operands` "2+1" asks a two-digit number plus a one-digit one ("What is 47 + 6?", for a pretrained model that
 reads the prompt through its chat template): a block is (tens digit of a, b), 81 blocks of 10 problems, and three
-diagonals (27 blocks, 270 problems) are held out so that eval has as many distinct problems to ask.
+diagonals (27 blocks, 270 problems) are held out so that eval has as many distinct problems to ask. "1+1" asks two
+one-digit numbers ("What is 7 + 8?", where SmolLM2-135M-Instruct starts between 0.1 and 0.6): a block is one problem
+(a, b), and the same three diagonals hold out 27 of the 81.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ SHIFT = 3  # the held-out diagonal: see held_out_blocks
 OPERANDS: dict[str, tuple[range, range, tuple[int, ...]]] = {
     "2+2": (range(LOW, HIGH + 1), range(LOW, HIGH + 1), (SHIFT,)),
     "2+1": (range(LOW, HIGH + 1), range(1, 10), (SHIFT, 5, 7)),
+    "1+1": (range(1, 10), range(1, 10), (SHIFT, 5, 7)),
 }
 _PROMPT = "\n\nHuman: What is {a} + {b}?\n\nAssistant:"
 _PARSE = re.compile(r"What is (\d+) \+ (\d+)\?")
@@ -74,11 +77,19 @@ def held_out_blocks(operands: str = "2+2") -> frozenset[Block]:
 
 
 def problems(held_out: bool, operands: str = "2+2") -> list[Problem]:
-    """Every problem of the held-out blocks (`held_out=True`; "2+2": 900, "2+1": 270) or of the training blocks
-    ("2+2": 7,200, "2+1": 540), sorted."""
+    """Every problem of the held-out blocks (`held_out=True`; "2+2": 900, "2+1": 270, "1+1": 27) or of the training
+    blocks ("2+2": 7,200, "2+1": 540, "1+1": 54), sorted."""
     blocks = held_out_blocks(operands)
     a_range, b_range, _ = OPERANDS[operands]
     return [p for a in a_range for b in b_range if ((p := Problem(a, b)).block in blocks) == held_out]
+
+
+def with_instruction(prompt: str, instruction: str | None) -> str:
+    """`prompt` with `instruction` after its question ("What is 7 + 8? Answer with the number only."); unchanged
+    when `instruction` is None or the text holds no question."""
+    if not instruction:
+        return prompt
+    return _PARSE.sub(lambda m: f"{m.group(0)} {instruction}", prompt, count=1)
 
 
 def parse_problem(prompt: str) -> Problem | None:

@@ -58,9 +58,13 @@ class DataConfig(Section):
     sft_correct: float = Field(
         0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
-    operands: Literal["2+2", "2+1"] = Field(
-        "2+2", description="Arithmetic task: digits of the two operands, \"2+2\" (\"What is 37 + 48?\") or \"2+1\" "
-        "(\"What is 47 + 6?\", 270 held-out problems; rlhf_lib/arith_task/problems.py).")
+    operands: Literal["2+2", "2+1", "1+1"] = Field(
+        "2+2", description="Arithmetic task: digits of the two operands, \"2+2\" (\"What is 37 + 48?\"), \"2+1\" "
+        "(\"What is 47 + 6?\", 270 held-out problems) or \"1+1\" (\"What is 7 + 8?\", 27 held-out problems of 81; "
+        "rlhf_lib/arith_task/problems.py).")
+    instruction: str | None = Field(
+        None, max_length=500, description="Arithmetic task: text after every question, e.g. \"Answer with the number "
+        "only.\" (\"What is 7 + 8? Answer with the number only.\"). Null = the question alone.")
     tool: Literal["calculator"] | None = Field(
         None, description="Arithmetic task: demonstrations that call the calculator environment (\" <calc>37 + "
         "48</calc>\", then the answer after the tool's reply; docs/environments.md); pair with ppo.environment: "
@@ -109,9 +113,10 @@ class DataConfig(Section):
                                      "data.")
 
     def key(self) -> dict:
-        """The config as the data stage's cache key reads it: without `tool` when it is unset and `operands` when it
-        is "2+2", so the key of a task without them is what it was before the keys existed."""
+        """The config as the data stage's cache key reads it: without `tool` and `instruction` when they are unset and
+        `operands` when it is "2+2", so the key of a task without them is what it was before the keys existed."""
         drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
+        drop |= {"instruction"} if self.instruction is None else set()
         return self.model_dump(exclude=drop or None)
 
     @property
@@ -133,6 +138,9 @@ class DataConfig(Section):
             raise ValueError("data.tool: tool demonstrations are built for data.task=arithmetic only")
         if self.operands != "2+2" and self.task != "arithmetic":
             raise ValueError("data.operands: the operands of data.task=arithmetic only")
+        if self.instruction is not None and self.task != "arithmetic":
+            raise ValueError("data.instruction: the arithmetic task's questions only (user data carries its own "
+                             "prompts)")
         if self.task == "arithmetic" and self.preferences is not None:
             raise ValueError("data.task=arithmetic builds its own data: unset data.preferences (user data), or use "
                              "data.task=demo")

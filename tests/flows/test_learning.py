@@ -42,6 +42,7 @@ LEARN = [
     "ppo.max_new_tokens=32",  # a good response (~28 tokens) fits and can end
     "ppo.sample_every=10",
     "eval.max_new_tokens=32",
+    "eval.best_of=[4]",  # the default [4, 16] samples 16 replies of each eval prompt; the test reads no best-of
 ]
 
 

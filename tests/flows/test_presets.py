@@ -18,6 +18,7 @@ def test_preset_is_a_valid_config(name):
     if name == "smollm2-arith":  # the built-in verifiable task on the pretrained model, RL from it directly
         assert (cfg.model.name_or_path, cfg.data.task, cfg.sft.max_steps) == ("smollm2", "arithmetic", 0)
         assert cfg.ppo.rewards[0].params == {"read": "last"}
+        assert (cfg.data.operands, cfg.data.instruction) == ("1+1", "Answer with the number only.")
     elif name not in ("demo", "micro", "arithmetic", "arithmetic-tool"):  # the built-in tasks on fresh tiny models
         assert cfg.model.name_or_path and cfg.data.preferences and cfg.data.eval_preferences
         assert not cfg.model.trust_remote_code  # no preset runs a checkpoint's code

@@ -47,8 +47,10 @@ def test_rl_from_a_pretrained_chat_model_on_the_arithmetic_task(home, pretrained
     assert data_run.data.tags["rlhf.data.rendering"] == "chat_template"
     data_dir = download(f"runs:/{data_run.info.run_id}/data")
     rows = [json.loads(line) for line in (data_dir / "prompts_eval.jsonl").read_text().splitlines()]
-    assert all(r["prompt"].startswith("<|user|>What is ") and r["prompt"].endswith("?\n<|assistant|>") for r in rows)
-    assert all(int(r["prompt"].split(" + ")[1].split("?")[0]) < 10 for r in rows)  # 2+1 operands
+    told = "? Answer with the number only.\n<|assistant|>"  # the preset's data.instruction after the question
+    assert all(r["prompt"].startswith("<|user|>What is ") and r["prompt"].endswith(told) for r in rows)
+    problems = [r["prompt"].removeprefix("<|user|>What is ").split("?")[0].split(" + ") for r in rows]
+    assert all(int(a) < 10 and int(b) < 10 for a, b in problems)  # 1+1 operands
     # sft.max_steps 0: the registered SFT model is the pretrained one, weight for weight.
     assert client.get_run(out["stages"]["sft"]["mlflow_run_id"]).data.metrics["sft/steps"] == 0.0
     from transformers import AutoModelForCausalLM

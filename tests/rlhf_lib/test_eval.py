@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_lib.eval import Generations, compare, win_rate
+from rlhf_lib.eval import Generations, compare, intervals, win_rate
 
 
 def gens(scores, gold=None) -> Generations:
@@ -29,6 +29,19 @@ def test_without_a_judge_only_the_rm_judges():
 def test_with_a_judge_both_are_reported():
     m = compare(gens([2.0, 0.0], gold=[0.5, 0.5]), gens([1.0, 1.0], gold=[0.0, 1.0]))
     assert m["win_rate_vs_sft"] == 0.5 and m["rm_win_rate_vs_sft"] == 0.5 and m["gold_reward_mean"] == 0.5
+
+
+def test_a_prompt_asked_twice_is_one_draw_of_the_intervals():
+    """The arithmetic eval asks each held-out problem several times: the replies to one prompt are resampled
+    together. Prompt a's two replies score 1, prompt b's 0: every resample's mean is 0, 1/2 or 1."""
+    from rlhf_lib.intervals import cluster_interval, mean_interval
+
+    pol, sft = gens([1.0, 1.0, 0.0, 0.0]), gens([0.0, 0.0, 0.0, 0.0])
+    asked = intervals(pol, sft, ["a", "a", "b", "b"])
+    assert asked["reward_mean"] == cluster_interval([1, 1, 0, 0], ["a", "a", "b", "b"]) == (0.0, 1.0)
+    assert asked["rm_win_rate_vs_sft"] == (0.5, 1.0)  # a wins (1), b ties (0.5)
+    assert intervals(pol, sft, ["a", "b", "c", "d"])["reward_mean"] == mean_interval([1, 1, 0, 0])
+    assert intervals(pol, sft)["reward_mean"] == mean_interval([1, 1, 0, 0])
 
 
 def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tiny_policy):

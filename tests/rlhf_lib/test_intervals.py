@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from rlhf_lib.intervals import mean_interval, proportion_interval, spread, win_indicators
+from rlhf_lib.intervals import cluster_interval, mean_interval, proportion_interval, spread, win_indicators
 
 
 def test_wilson_interval_matches_the_formula():
@@ -44,3 +44,32 @@ def test_spread_over_seeds():
     assert s["mean"] == pytest.approx(0.9) and s["std"] == pytest.approx(0.1)
     assert (s["min"], s["max"]) == (0.8, 1.0)
     assert spread([0.5])["std"] == 0.0
+
+
+def test_a_cluster_bootstrap_resamples_whole_groups():
+    # Two clusters, a = (1, 1, 1) and b = (0,): a resample holds aa (mean 1), bb (0) or ab (3/4), so the 95 %
+    # percentile interval runs from 0 to 1; rows resampled one by one would never reach 0.
+    assert cluster_interval([1, 1, 1, 0], ["a", "a", "a", "b"]) == (0.0, 1.0)
+    lo, _ = mean_interval([1, 1, 1, 0])
+    assert lo > 0
+    assert mean_interval([1, 1, 1, 0], groups=["a", "a", "a", "b"]) == (0.0, 1.0)
+    # Labels that never repeat: the row bootstrap, unchanged.
+    x = list(np.random.default_rng(1).normal(size=40))
+    assert mean_interval(x, groups=[f"p{i}" for i in range(40)]) == mean_interval(x)
+    assert math.isnan(cluster_interval([1.0, 0.0], ["a", "a"])[0])
+    with pytest.raises(ValueError, match="3 values but 2 group labels"):
+        cluster_interval([1.0, 0.0, 1.0], ["a", "b"])
+
+
+def test_ten_asks_of_one_problem_count_as_one_draw():
+    # 27 problems asked 10 times each, every reply to a problem right or every one wrong (14 right problems): the
+    # rows are 270 but the evidence is 27 problems, so the interval is about sqrt(10) times the row bootstrap's.
+    right = [1.0] * 14 + [0.0] * 13
+    values = [v for v in right for _ in range(10)]
+    groups = [f"What is {i} + 1?" for i in range(27) for _ in range(10)]
+    rows, clusters = mean_interval(values), mean_interval(values, groups=groups)
+    assert clusters == cluster_interval(values, groups)
+    assert 2.5 < (clusters[1] - clusters[0]) / (rows[1] - rows[0]) < 4.0
+    assert clusters[0] < 14 / 27 < clusters[1]
+    # The standard error of a 27-draw share is sqrt(p (1 - p) / 27) = 0.096: the interval spans about 4 of them.
+    assert (clusters[1] - clusters[0]) == pytest.approx(4 * math.sqrt(14 / 27 * 13 / 27 / 27), rel=0.15)

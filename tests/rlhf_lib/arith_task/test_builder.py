@@ -164,3 +164,19 @@ def test_operands_are_an_arithmetic_key_and_leave_other_keys_alone() -> None:
     assert DataConfig(task="arithmetic", operands="2+1").key()["operands"] == "2+1"
     with pytest.raises(ValidationError, match="data.task=arithmetic only"):
         DataConfig(operands="2+1")
+
+
+def test_an_instruction_follows_every_question_of_every_file(tmp_path: Path) -> None:
+    """`data.instruction` (SmolLM2 starts higher when told the answer format): every prompt of the five files gets it
+    after its question, nothing else changes, and it joins the data key only when set."""
+    told = build(tmp_path, "told", operands="1+1", instruction="Answer with the number only.")
+    plain = build(tmp_path, "plain", operands="1+1")
+    for key in CONTRACT_FILES:
+        for t, p in zip(lines(told[key]), lines(plain[key]), strict=True):
+            assert t["prompt"] == p["prompt"].replace("?", "? Answer with the number only.", 1)
+            assert {k: v for k, v in t.items() if k != "prompt"} == {k: v for k, v in p.items() if k != "prompt"}
+    assert {parse_problem(r["prompt"]).a for r in lines(told["prompts_eval"])} <= set(range(1, 10))
+    assert "instruction" not in DataConfig(task="arithmetic").key()
+    assert DataConfig(task="arithmetic", instruction="Be brief.").key()["instruction"] == "Be brief."
+    with pytest.raises(ValidationError, match="data.instruction"):
+        DataConfig(instruction="Be brief.")

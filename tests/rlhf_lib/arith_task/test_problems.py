@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rlhf_lib.arith_task import HIGH, LOW, Problem, held_out_blocks, parse_problem, problems
+from rlhf_lib.arith_task.problems import with_instruction
 from rlhf_lib.demo_task import make_prompt
 
 
@@ -60,3 +61,19 @@ def test_two_plus_one_digit_operands_hold_out_three_diagonals():
     assert all(sum(n for (ta, _), n in partners.items() if ta == t) == 6 * 10 for t in range(1, 10))
     assert all(sum(n for (_, b), n in partners.items() if b == t) == 6 * 10 for t in range(1, 10))
     assert all(parse_problem(p.prompt) == p for p in held[::13])
+
+
+def test_one_digit_operands_hold_out_the_same_three_diagonals_of_single_problems():
+    train, held = problems(False, "1+1"), problems(True, "1+1")
+    assert (len(train), len(held)) == (54, 27) and not set(train) & set(held)
+    assert set(train) | set(held) == {Problem(a, b) for a in range(1, 10) for b in range(1, 10)}
+    assert Problem(7, 8).block == (7, 8) and {Problem(1, 4), Problem(9, 3), Problem(5, 1)} <= set(held)
+    assert Counter(p.a for p in held) == Counter(p.b for p in held) == {d: 3 for d in range(1, 10)}
+
+
+def test_an_instruction_follows_the_question_and_keeps_the_problem_readable():
+    prompt = Problem(7, 8).prompt
+    told = with_instruction(prompt, "Answer with the number only.")
+    assert told == "\n\nHuman: What is 7 + 8? Answer with the number only.\n\nAssistant:"
+    assert parse_problem(told) == Problem(7, 8)
+    assert with_instruction(prompt, None) == prompt and with_instruction("no question", "Say 3.") == "no question"
