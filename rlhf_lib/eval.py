@@ -121,6 +121,7 @@ def compare(policy: Generations, sft: Generations) -> dict[str, float | None]:
         "reward_mean": float(policy.scores.mean()),
         "reward_mean_sft": float(sft.scores.mean()),
         "rm_win_rate_vs_sft": win_rate(policy.scores, sft.scores),
+        "reward_lead_over_sft": float((policy.scores - sft.scores).mean()),  # paired: the same prompts
         "kl_to_ref": float(policy.kl_to_ref.mean()),
         "response_length_mean": float(policy.lengths.mean()),
         "response_length_mean_sft": float(sft.lengths.mean()),
@@ -151,6 +152,7 @@ def per_row(policy: Generations, sft: Generations) -> dict[str, list[float]]:
     """The per-prompt values whose means are `compare`'s metrics (win rates as 1 / 0.5 / 0 per prompt)."""
     rows = {"reward_mean": policy.scores.tolist(), "reward_mean_sft": sft.scores.tolist(),
             "rm_win_rate_vs_sft": win_indicators(policy.scores, sft.scores).tolist(),
+            "reward_lead_over_sft": (policy.scores - sft.scores).tolist(),
             "kl_to_ref": policy.kl_to_ref.tolist(), "response_length_mean": policy.lengths.tolist(),
             "response_length_mean_sft": sft.lengths.tolist()}
     if policy.gold is not None and sft.gold is not None:

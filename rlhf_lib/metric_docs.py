@@ -160,6 +160,9 @@ EVAL = (
     _m("eval/win_rate_vs_sft", "share of held-out prompts where the judge prefers the policy's sample (a tie counts "
        "half); null without a judge", "below 0.5: PPO made things worse"),
     _m("eval/rm_win_rate_vs_sft", "the same judged by the reward model", "below 0.5: PPO did not even please its RM"),
+    _m("eval/reward_lead_over_sft", "reward_mean minus reward_mean_sft, paired on the same prompts, with its "
+       "interval: PPO's gain over its start (with a function reward such as exact match, a gain nobody can hack)",
+       "an interval across 0: no measurable gain"),
     _m("eval/kl_to_ref", "mean per-response KL of the policy's samples to the SFT model (k1), nats",
        "far above `ppo.target_kl`: the policy drifted"),
     _m("eval/response_length_mean eval/response_length_mean_sft eval/no_eos_frac", "response length of policy and SFT, "

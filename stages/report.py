@@ -139,6 +139,7 @@ def _fmt(v: Any) -> str:
 NO_JUDGE = "n/a: no gold judge"
 SINGLE = [("win rate vs SFT (gold judge)", "win_rate_vs_sft"),
           ("win rate vs SFT (RM-judged: the proxy PPO optimised)", "rm_win_rate_vs_sft"),
+          ("reward lead over SFT (paired)", "reward_lead_over_sft"),
           ("KL to SFT (nats/response)", "kl_to_ref"), ("share without EOS", "no_eos_frac"),
           ("RM accuracy on held-out pairs", "reward_model_accuracy"), ("prompts cut on the left", "truncated_prompts")]
 

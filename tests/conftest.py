@@ -17,6 +17,10 @@ os.environ["PREFECT_UI_ENABLED"] = "false"
 # A loaded CI machine can take longer than the default 20 s to start the in-process Prefect server.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+# Deployment servers (`rlhf serve`, `prefect worker start`) started by tests look for runs every second, not every 10
+# (Prefect's default, which users keep): a test's deployment run starts without waiting out a poll.
+os.environ["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
+os.environ["PREFECT_WORKER_QUERY_SECONDS"] = "1"
 # trust_remote_code copies a checkpoint's code into the modules cache; datasets keeps Arrow files in its cache.
 os.environ["HF_MODULES_CACHE"] = str(_SESSION_TMP / "hf-modules")
 os.environ["HF_DATASETS_CACHE"] = str(_SESSION_TMP / "hf-datasets")

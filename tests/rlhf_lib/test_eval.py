@@ -40,6 +40,8 @@ def test_a_prompt_asked_twice_is_one_draw_of_the_intervals():
     asked = intervals(pol, sft, ["a", "a", "b", "b"])
     assert asked["reward_mean"] == cluster_interval([1, 1, 0, 0], ["a", "a", "b", "b"]) == (0.0, 1.0)
     assert asked["rm_win_rate_vs_sft"] == (0.5, 1.0)  # a wins (1), b ties (0.5)
+    assert asked["reward_lead_over_sft"] == (0.0, 1.0)  # a leads by 1, b by 0
+    assert compare(gens([2.0, 0.0, 2.0]), gens([1.0, 1.0, 1.0]))["reward_lead_over_sft"] == pytest.approx(1 / 3)
     assert intervals(pol, sft, ["a", "b", "c", "d"])["reward_mean"] == mean_interval([1, 1, 0, 0])
     assert intervals(pol, sft)["reward_mean"] == mean_interval([1, 1, 0, 0])
 
