@@ -99,6 +99,10 @@ class DataConfig(Section):
     max_rows: int | None = Field(None, ge=1, description="Read at most this many valid rows of each user data "
                                  "source (the first ones, in file order): a budget for a first run on a CPU. "
                                  "null = every row.")
+    skip_rows: int = Field(0, ge=0, description="Leave out the first this many valid rows of each training source "
+                           "(data.preferences, data.sft, data.prompts; held-out sources are read from their start), "
+                           "before data.max_rows counts: a declared split of one file, e.g. a judge reward model on "
+                           "rows the PPO reward model never saw (skip_rows: 640).")
     render: Literal["auto", "chat_template", "text"] = Field(
         "auto", description="How user rows become the text the models read. auto: through the policy tokenizer's "
         "chat template when it has one (HH transcripts, conversational rows and plain prompts all become messages "
@@ -113,10 +117,12 @@ class DataConfig(Section):
                                      "data.")
 
     def key(self) -> dict:
-        """The config as the data stage's cache key reads it: without `tool` and `instruction` when they are unset and
-        `operands` when it is "2+2", so the key of a task without them is what it was before the keys existed."""
+        """The config as the data stage's cache key reads it: without `tool` and `instruction` when they are unset,
+        `operands` when it is "2+2" and `skip_rows` when it is 0, so the key of a task without them is what it was
+        before the keys existed."""
         drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
         drop |= {"instruction"} if self.instruction is None else set()
+        drop |= {"skip_rows"} if not self.skip_rows else set()
         return self.model_dump(exclude=drop or None)
 
     @property
@@ -130,6 +136,9 @@ class DataConfig(Section):
         if extra and not self.preferences:
             raise ValueError(f"data.{extra[0]} needs data.preferences: the reward model trains on preference data "
                              "(null preferences = the demo task)")
+        if self.skip_rows and not self.eval_preferences:
+            raise ValueError("data.skip_rows needs data.eval_preferences: held-out pairs split off the kept rows would "
+                             "differ from those of a run that skips none, so the two could not be compared")
         return self
 
     @model_validator(mode="after")

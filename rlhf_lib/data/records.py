@@ -163,12 +163,13 @@ def ranked(f: Fields, responses: list[str]) -> tuple[str, ...]:
 
 def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Callable[[dict[str, Any]], T],
             on_bad_row: OnBadRow, max_chars: int, where: str, place: Callable[[int], str] | None = None,
-            max_rows: int | None = None) -> ReadResult[T]:
+            max_rows: int | None = None, skip_rows: int = 0) -> ReadResult[T]:
     """Parse numbered rows into records; a bad row raises (naming `where`, its place and field) or is counted.
 
     `rows` yields (number, object), or (number, DataError) for a row that could not even be decoded. `place` says
     where a row is: `path:<line>` by default, e.g. `path: row <n>` for sources that have rows but not lines.
-    `max_rows`: stop after that many valid rows (the rest is neither read nor checked).
+    `max_rows`: stop after that many valid rows (the rest is neither read nor checked). `skip_rows`: leave out the
+    first that many valid rows (still checked), so `max_rows` counts the rows after them.
     """
     if on_bad_row not in ("error", "skip"):
         raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
@@ -177,6 +178,7 @@ def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Calla
     skipped: dict[str, int] = {}
     examples: dict[str, list[str]] = {}
     first: DataError | None = None
+    passed = 0  # valid rows before the ones kept (skip_rows)
     for n, obj in rows:
         try:
             if isinstance(obj, DataError):
@@ -184,6 +186,9 @@ def collect(rows: Iterable[tuple[int, dict[str, Any] | DataError]], parse: Calla
             row = parse(obj)
             if (size := n_chars(row)) > max_chars:  # type: ignore[arg-type]
                 raise bad("too long", f"row too long: {size} characters of text, more than max_chars={max_chars}")
+            if passed < skip_rows:
+                passed += 1
+                continue
             out.append(row)
             if max_rows is not None and len(out) >= max_rows:
                 break

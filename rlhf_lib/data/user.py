@@ -49,10 +49,12 @@ class UserTask:
 
 
 def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], renderer: Renderer,
-                on_bad_row: str, max_chars: int, max_rows: int | None = None) -> tuple[ReadResult[Any], str]:
+                on_bad_row: str, max_chars: int, max_rows: int | None = None, skip_rows: int = 0,
+                ) -> tuple[ReadResult[Any], str]:
     """Read a `kind` source ("preferences", "sft", "prompts") in format `fmt` ("auto" detects it on the first row
     that is an object; a source whose format cannot be told fails whatever `on_bad_row` says). `max_rows` keeps
-    the first that many valid rows (the rows after them are not validated)."""
+    the first that many valid rows (the rows after them are not validated), after the first `skip_rows` valid rows,
+    which are checked and left out."""
     rows, place = source_rows(src)
     head: list[tuple[int, Any]] = []
     for n, obj in rows:
@@ -81,7 +83,8 @@ def read_source(kind: str, src: Source, fmt: str, mapping: Mapping[str, str], re
         return replace(record, category=cat) if kind == "preferences" and (cat := category(fields)) else record
 
     result = collect(numbered(chain(head, rows)), parse_row, on_bad_row,  # type: ignore[arg-type]
-                     max_chars, src.spec, place, max_rows)
+                     max_chars, src.spec, place, max_rows, skip_rows)
+    del lines[:len(lines) - len(result.rows)]  # the skipped rows came first
     return _checked(kind, result, lines, on_bad_row, src.spec, place), fmt
 
 
@@ -144,8 +147,9 @@ def build_user_task(cfg: DataConfig, renderer: Renderer) -> UserTask:
 
     def read(key: str, kind: str, split: str, fmt: str, mapping: Mapping[str, str]) -> list[Any]:
         src = Source(getattr(cfg, key), split, cfg.hub_data_dir, cfg.hub_revision)
+        skip = 0 if key.startswith("eval_") else cfg.skip_rows  # held-out sources always from their start
         result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars,
-                                    cfg.max_rows)
+                                    cfg.max_rows, skip)
         sources[key] = SourceReport(src.spec, found, len(result.rows), result.skipped, result.examples)
         return result.rows
 

@@ -212,3 +212,20 @@ def test_suspicious_rows_by_hand_rule(rows):
     assert found.get("duplicate", []) == [i for i, r in enumerate(records) if firsts[r] != i]
     flipped = {RankedExample(r.prompt, r.responses[::-1]) for r in records}
     assert found.get("contradicting", []) == [i for i, r in enumerate(records) if r in flipped and firsts[r] == i]
+
+
+def test_skip_rows_declares_a_split_of_the_training_file_and_reads_held_out_from_the_start(tmp_path):
+    """Rows 0-4 for one reward model, rows 5-9 for another (a judge PPO never trained against): `data.skip_rows`
+    leaves out the first valid rows of the training sources only, before `max_rows` counts."""
+    prefs = jsonl(tmp_path / "prefs.jsonl", [hh(1), hh(2, a="  "), *(hh(i) for i in range(3, 30))])
+    held = jsonl(tmp_path / "held.jsonl", [hh(i) for i in range(100, 120)])
+    base = dict(preferences=str(prefs), eval_preferences=str(held), on_bad_row="skip", max_rows=5)
+    first = build_user_task(DataConfig(**base), Renderer())
+    second = build_user_task(DataConfig(**base, skip_rows=5), Renderer())
+    assert [ex.prompt for ex in second.records["preferences"]] == [hh(i)["chosen"][:-4] for i in range(7, 12)]
+    assert not {ex.prompt for ex in first.records["preferences"]} & {ex.prompt for ex in second.records["preferences"]}
+    assert second.records["eval_pairs"] == first.records["eval_pairs"]  # held-out pairs from the start, as before
+    assert second.sources["preferences"].skipped == {"empty reply": 1}  # skipped rows are still checked
+    assert "skip_rows" not in DataConfig(**base).key() and DataConfig(**base, skip_rows=5).key()["skip_rows"] == 5
+    with pytest.raises(ValueError, match="data.skip_rows needs data.eval_preferences"):
+        DataConfig(preferences=str(prefs), skip_rows=5)
