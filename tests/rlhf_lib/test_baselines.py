@@ -94,3 +94,22 @@ def test_linear_probe_separates_an_easy_signal(tiny_tokenizer, tiny_policy):
     held = [PairExample(p.format(i), f" Sure, topic {i}. Thanks!", f" Sure, topic {i} is nice.") for i in range(30, 36)]
     v = linear_probe(tiny_policy, tiny_tokenizer, train, held, 64, batch_size=8)
     assert v.right.all() and "32 features" in v.detail
+
+
+def test_the_pairwise_fit_takes_newton_steps_on_many_dense_rows_of_few_features():
+    """Dense rows >= 10x their features: Newton-Cholesky, whose optimum lbfgs reaches too at a tight tolerance;
+    sparse n-gram counts and wide features: lbfgs."""
+    import numpy as np
+    from scipy import sparse
+    from sklearn.linear_model import LogisticRegression
+
+    from rlhf_lib.baselines import _pairwise_fit, pairwise_solver
+
+    assert pairwise_solver(np.zeros((320, 32))) == "newton-cholesky"
+    assert pairwise_solver(np.zeros((319, 32))) == "lbfgs" and pairwise_solver(sparse.csr_matrix((900, 3))) == "lbfgs"
+    rng = np.random.default_rng(0)
+    diff = rng.normal(size=(200, 4)) + np.array([1.0, 0.0, 0.0, 0.0])
+    model = _pairwise_fit(diff, seed=0)
+    x, y = np.concatenate([diff, -diff]), np.r_[np.ones(200), np.zeros(200)]
+    exact = LogisticRegression(C=float(model.C_[0]), fit_intercept=False, tol=1e-10, max_iter=10000).fit(x, y)
+    assert np.allclose(model.coef_, exact.coef_, atol=1e-4) and model.coef_[0, 0] > 0
