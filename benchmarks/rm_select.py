@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test", required=True)
     ap.add_argument("--candidates", required=True, help="JSON file: {name: [KEY=VALUE, ...], ...}, in order")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every candidate")
+    ap.add_argument("--test-set", action="append", default=[], help="KEY=VALUE for the test run only (e.g. "
+                    "reward.baselines=true when the candidates skip them)")
     ap.add_argument("--home", default=".rlhf-rm-select", help="state dir shared by the runs")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--out", help="write the JSON result here")
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if scored:
         chosen = max(scored)[2]
         result["chosen"] = chosen
-        result["test"] = run_reward(a.preset, [*a.set, *candidates[chosen]], a.test, home, home / "test.log")
+        sets = [*a.set, *candidates[chosen], *a.test_set]
+        result["test"] = run_reward(a.preset, sets, a.test, home, home / "test.log")
         print(f"chosen on validation: {chosen}; test: {json.dumps(result['test'])}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))

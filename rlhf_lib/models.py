@@ -168,13 +168,36 @@ def build_policy(
     return model.eval()
 
 
+def init_score_head(model: PreTrainedModel, head_init: str = "zero") -> None:
+    """Initialise a scalar model's `.score` head in place (bias, if any, to 0).
+
+    "zero": every input scores 0 until trained, a neutral start (the value model's, as in lm-human-preferences). Its
+    catch: the backbone's gradient is the head's weight times the loss's, so it starts at exactly 0 and grows only as
+    fast as the head does; a small learning rate then trains little more than a linear head. "normal": weights drawn
+    from N(0, 1 / (d + 1)) for a d-wide hidden state, the reward head of lm-human-preferences (Ziegler et al. 2019) that
+    "The N+ Implementation Details of RLHF with PPO" keeps: scores of order 1 at the start (features of norm about
+    sqrt(d)), and a backbone gradient from the first step. Draws from torch's global generator: seed it first.
+    """
+    weight = model.score.weight
+    if head_init == "zero":
+        torch.nn.init.zeros_(weight)
+    elif head_init == "normal":
+        with torch.no_grad():
+            weight.copy_(torch.randn(weight.shape, dtype=torch.float32) / (weight.shape[-1] + 1) ** 0.5)
+    else:
+        raise ValueError(f"head_init: {head_init!r} is not one of 'zero', 'normal'")
+    if getattr(model.score, "bias", None) is not None:
+        torch.nn.init.zeros_(model.score.bias)
+
+
 def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0, trust_remote_code: bool = False,
-                       dtype: torch.dtype | str = torch.float32) -> PreTrainedModel:
+                       dtype: torch.dtype | str = torch.float32, head_init: str = "zero") -> PreTrainedModel:
     """A backbone with a scalar `.score` head: the reward model, and the value model of PPO.
 
     `source` is either a causal LM whose backbone weights are copied (the RM starts from SFT, as in InstructGPT)
     or a directory of a saved `*ForSequenceClassification` model (the value model starts from the RM). A loaded
-    model's weights are in `dtype` ("auto": as saved); a copied one keeps the source's dtype.
+    model's weights are in `dtype` ("auto": as saved); a copied one keeps the source's dtype, and its fresh head is
+    initialised by `head_init` (`init_score_head`).
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -192,21 +215,19 @@ def build_scalar_model(source: PreTrainedModel | str | Path, seed: int = 0, trus
     missing, _ = model.base_model.load_state_dict(source.base_model.state_dict(), strict=False)
     if missing:
         raise ValueError(f"backbone weights missing when copying from the policy: {missing[:5]}")
-    # A zero-initialised head makes the untrained RM's score 0 for every input: a neutral start.
-    torch.nn.init.zeros_(model.score.weight)
+    init_score_head(model, head_init)
     return model.eval()
 
 
 def build_reward_base(name_or_path: str, tokenizer: PreTrainedTokenizerBase, seed: int = 0, revision: str | None = None,
-                      trust_remote_code: bool = False, dtype: torch.dtype | str = torch.float32) -> PreTrainedModel:
+                      trust_remote_code: bool = False, dtype: torch.dtype | str = torch.float32,
+                      head_init: str = "zero") -> PreTrainedModel:
     """A reward model from a pretrained checkpoint of its own (`reward.name_or_path`): its backbone, and a fresh
-    zero-initialised scalar head (the untrained RM scores every input 0)."""
+    scalar head initialised by `head_init` (`init_score_head`)."""
     torch.manual_seed(seed)
     model = load_pretrained(name_or_path, "AutoModelForSequenceClassification", tokenizer, revision,
                             trust_remote_code, dtype, num_labels=1)
-    torch.nn.init.zeros_(model.score.weight)
-    if getattr(model.score, "bias", None) is not None:
-        torch.nn.init.zeros_(model.score.bias)
+    init_score_head(model, head_init)
     return model.eval()
 
 

@@ -64,13 +64,13 @@ def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None
             run.set_tags(base_model_tags(r.name_or_path, source, run))
         tokenizer = load_tokenizer(source, r.revision, r.trust_remote_code)
         return build_reward_base(source, tokenizer, r.seed, r.revision, r.trust_remote_code,
-                                 weights_dtype(cfg.model.dtype)), tokenizer
+                                 weights_dtype(cfg.model.dtype), r.head_init), tokenizer
     sft_model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
     if not r.init_from_sft:
         m = cfg.model
         sft_model = build_policy(tokenizer, None, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                                  n_positions=m.n_positions, seed=r.seed)
-    return build_scalar_model(sft_model, seed=r.seed), tokenizer
+    return build_scalar_model(sft_model, seed=r.seed, head_init=r.head_init), tokenizer
 
 
 def own_rendering(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, tokenizer) -> RewardRendering | None:

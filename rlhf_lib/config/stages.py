@@ -108,6 +108,10 @@ class RewardConfig(LoRAKeys):
     init_from_sft: bool = Field(True, description="Start the reward model's backbone from the SFT model (unless "
                                 "reward.name_or_path is set).")
     seed: int = Field(0, description="Seed of data order and the scalar head.")
+    head_init: Literal["zero", "normal"] = Field(
+        "zero", description="The fresh scalar head: zero (every reply scores 0 until trained; the backbone's "
+        "gradient starts at 0 and grows with the head, so a small lr trains little but the head) or normal "
+        "(N(0, 1/(d+1)) as lm-human-preferences and the N+ details: the backbone learns from the first step).")
     eval_batch_size: int = Field(64, ge=1, description="Held-out pairs per forward pass when the trained reward "
                                  "model's accuracy is measured: caps its activation memory; the same results.")
     baselines: bool = Field(True, description="Score the cheap baselines on the held-out pairs beside the reward "
@@ -118,7 +122,8 @@ class RewardConfig(LoRAKeys):
     baseline_train_pairs: int = Field(2000, ge=10, description="Training pairs (drawn from the ranked lists with "
                                       "reward.seed) the n-gram regression and the linear probe are fit on.")
     name_or_path: str | None = Field(None, description="Base model of the reward model (hub name or local "
-                                     "directory), with its own tokenizer; null = from the policy's (see init_from_sft).")
+                                     "directory), with its own tokenizer; null = from the policy's (see "
+                                     "init_from_sft).")
     revision: str | None = Field(None, description="Git revision of a hub reward base model.")
     trust_remote_code: bool = Field(False, description="Let from_pretrained run the reward base model's own code.")
 

@@ -86,3 +86,25 @@ def test_a_tokenizer_without_eos_is_refused(tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=bare).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no EOS token"):
         load_tokenizer(tmp_path)
+
+
+def test_a_normal_head_has_the_n_plus_scale_and_a_backbone_gradient_from_step_one(tiny_policy, tiny_tokenizer):
+    from rlhf_lib.models import build_scalar_model, init_score_head
+
+    zero = build_scalar_model(tiny_policy, seed=3)
+    normal = build_scalar_model(tiny_policy, seed=3, head_init="normal")
+    again = build_scalar_model(tiny_policy, seed=3, head_init="normal")
+    w = normal.score.weight.detach()
+    assert w.shape == (1, 32) and torch.equal(w, again.score.weight)  # seeded
+    # N(0, 1/(d+1)) with d = 32: 32 draws; their mean square is 1/33 within a wide band (chi-square, 32 dof)
+    assert 0.4 / 33 < float(w.pow(2).mean()) < 1.8 / 33
+    ids = torch.tensor([tiny_tokenizer("a b c", add_special_tokens=False)["input_ids"]])
+    grads = {}
+    for name, model in (("zero", zero), ("normal", normal)):
+        model.train()
+        model(input_ids=ids).logits.sum().backward()
+        grads[name] = sum(float(p.grad.abs().sum()) for n, p in model.named_parameters()
+                          if p.grad is not None and not n.startswith("score"))
+    assert grads["zero"] == 0.0 and grads["normal"] > 0.0  # a zero head passes no gradient to the backbone
+    with pytest.raises(ValueError, match="head_init"):
+        init_score_head(zero, "xavier")
