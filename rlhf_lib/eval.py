@@ -203,25 +203,29 @@ def evaluate(
     pol = generate_and_score(policy, sft, *args, **kw)
     base = generate_and_score(sft, sft, *args, **kw)
     metrics, bounds = compare(pol, base), intervals(pol, base, prompts)
+    samples = sample_rows(prompts, pol, base, cfg.samples_in_report)
     if cfg.best_of:
-        more, more_bounds = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk, pol,
-                                      runner)
+        more, more_bounds, kept = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk,
+                                            pol, runner)
         metrics.update(more)
         bounds.update(more_bounds)
-    return EvalResult(metrics, sample_rows(prompts, pol, base, cfg.samples_in_report),
+        for i, row in enumerate(samples[:int(more["best_of_prompts"])]):  # the kept reply of each n beside PPO's
+            row.update({f"best_of_{n}_{k}": v for n, picks in kept.items() for k, v in picks[i].items()})
+    return EvalResult(metrics, samples,
                       {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}, bounds, pol.gold, base.gold)
 
 
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
               cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None, chunk: int | None,
               policy: Generations, runner: EpisodeRunner | None = None,
-              ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]]]:
+              ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]], dict[int, list[dict]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
     reward sources score highest kept, judged like the policy's replies on the same prompts. Per n: the kept replies'
     reward and gold means, PPO's lead over them in gold and its win rates (gold, reward), each with a bootstrap
     interval over prompts (a repeated prompt's rows together); and the best-of-n policy's KL to SFT,
-    log n - (n - 1) / n (Stiennon et al. 2020)."""
+    log n - (n - 1) / n (Stiennon et al. 2020). Third: per n, the kept reply of each prompt ({response, rm_score,
+    gold}), for the report's samples."""
     m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
     sub = list(prompts[:m])
     draws = [generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
@@ -232,9 +236,12 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
     rows: dict[str, list[float]] = {}
     out: dict[str, float | None] = {"best_of_prompts": float(m)}
     rows_idx = torch.arange(m)
+    picks: dict[int, list[dict]] = {}
     for n in sorted(set(cfg.best_of)):
         pick = scores[:, :n].argmax(1)  # the first of equal scores
         kept = scores[rows_idx, pick]
+        picks[n] = [{"response": draws[int(k)].texts[i], "rm_score": round(float(kept[i]), 4),
+                     "gold": None if gold is None else round(float(gold[i, int(k)]), 4)} for i, k in enumerate(pick)]
         rows[f"best_of_{n}_reward_mean"] = kept.tolist()
         rows[f"best_of_{n}_response_length_mean"] = lengths[rows_idx, pick].tolist()
         rows[f"rm_win_rate_vs_best_of_{n}"] = win_indicators(policy.scores[:m], kept).tolist()
@@ -245,4 +252,4 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
             rows[f"win_rate_vs_best_of_{n}"] = win_indicators(pol_gold, kept_gold).tolist()
         out[f"best_of_{n}_kl"] = math.log(n) - (n - 1) / n
     out |= {k: sum(v) / len(v) for k, v in rows.items()}
-    return out, {k: mean_interval(v, groups=sub) for k, v in rows.items()}
+    return out, {k: mean_interval(v, groups=sub) for k, v in rows.items()}, picks

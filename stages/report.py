@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from typing import Any
 
 from rlhf_lib.intervals import with_interval
+from stages.plotting import png as _png
+from stages.plotting import pyplot as _plt
+from stages.report_best_of import baselines_table, overoptimisation_heldout_png
 
 CURVES = [
     ("objective/score_raw", "score (raw: RM, or the sum of ppo.rewards)"), ("objective/kl", "KL to reference (nats/response)"),
@@ -16,23 +17,6 @@ CURVES = [
     ("objective/gold", "gold score (judge, monitoring only)"),
     ("heldout/reward", "held-out RM score (ppo.eval_every)"), ("heldout/gold", "held-out gold score (ppo.eval_every)"),
 ]
-
-
-def _plt():
-    """pyplot on the Agg backend, imported only when a report is drawn (a cached run never pays for it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _png(fig) -> str:
-    """The figure as base64 PNG (matplotlib's Agg backend: no display needed)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def curves_png(history: dict[str, list[tuple[int, float]]]) -> str | None:
@@ -202,6 +186,11 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
     lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
     curves = _img(curves_png(history), "PPO curves")
     overopt = _img(overoptimisation_png(history), "proxy and gold reward against KL")
+    best_of = baselines_table(metrics, summary.get("intervals"))
+    best_of_html = "" if not best_of else (
+        f"<h2>PPO against SFT and best-of-n of SFT (first {_fmt(metrics.get('best_of_prompts'))} prompts for "
+        f"best-of-n)</h2>{_table(best_of)}"
+        f"{_img(overoptimisation_heldout_png(metrics, summary.get('intervals')), 'held-out proxy and judge vs KL')}")
     hist = _img(lengths_png(lengths or {}), "response lengths")
     alarm_html = ("<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>") if alarms else \
         "<p>none raised</p>"
@@ -212,7 +201,7 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
         f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
         f"<h2>Lineage</h2>{_table(lineage)}"
-        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}"
+        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}{best_of_html}"
         f"<h2>PPO training curves</h2>{curves}"
         f"<h2>Proxy vs gold reward against KL</h2>{overopt}"
         f"<h2>Response lengths on held-out prompts</h2>{hist}"

@@ -70,7 +70,7 @@ def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tin
     draws = [generate_and_score(tiny_policy, tiny_policy, rewards, tok, prompts[:4],
                                 cfg.model_copy(update={"seed": cfg.seed + 1 + k}), 32, judge) for k in range(3)]
     policy = generate_and_score(tiny_policy, tiny_policy, rewards, tok, prompts, cfg, 32, judge)
-    got, bounds = best_of_n(tiny_policy, rewards, tok, prompts, cfg, 32, judge, None, policy)
+    got, bounds, picks = best_of_n(tiny_policy, rewards, tok, prompts, cfg, 32, judge, None, policy)
     assert got["best_of_prompts"] == 4.0
     for n in (2, 3):
         kept = [max(range(n), key=lambda k: (float(draws[k].scores[i]), -k)) for i in range(4)]  # first of equals
@@ -80,5 +80,7 @@ def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tin
         assert got[f"best_of_{n}_gold_mean"] == pytest.approx(sum(gold) / 4)
         assert got[f"gold_lead_over_best_of_{n}"] == pytest.approx(sum(policy.gold[i] - gold[i] for i in range(4)) / 4)
         assert got[f"best_of_{n}_kl"] == pytest.approx(math.log(n) - (n - 1) / n)
+        assert [p["response"] for p in picks[n]] == [draws[k].texts[i] for i, k in enumerate(kept)]
+        assert [p["gold"] for p in picks[n]] == pytest.approx(gold, abs=1e-4)
         lo, hi = bounds[f"gold_lead_over_best_of_{n}"]
         assert lo <= got[f"gold_lead_over_best_of_{n}"] <= hi

@@ -47,3 +47,25 @@ def test_a_multi_turn_sample_reads_one_turn_per_line():
     samples = [{"prompt": "What is 1 + 2?", "ppo_turns": "policy: <calc>1 + 2</calc> | tool: 3 | policy: 3. (reward 1)"}]
     html = render_html({"name": "tool", "lineage": {}, "metrics": USER_METRICS}, {}, samples, None, [])
     assert "policy: &lt;calc&gt;1 + 2&lt;/calc&gt;<br>tool: 3<br>policy: 3. (reward 1)" in html
+
+
+def test_baselines_table_puts_ppo_beside_sft_and_each_best_of_n():
+    from stages.report_best_of import baselines_table, overoptimisation_heldout_png
+
+    assert baselines_table(USER_METRICS) == [] and overoptimisation_heldout_png(USER_METRICS) is None
+    metrics = USER_METRICS | {"gold_reward_mean": 0.5, "gold_reward_mean_sft": 0.2, "win_rate_vs_sft": 0.7,
+                              "best_of_prompts": 4.0, "best_of_4_kl": 0.636, "best_of_4_reward_mean": 0.4,
+                              "best_of_4_gold_mean": 0.45, "best_of_4_response_length_mean": 10.0,
+                              "win_rate_vs_best_of_4": 0.55, "rm_win_rate_vs_best_of_4": 0.4,
+                              "best_of_16_kl": 1.835, "best_of_16_reward_mean": 0.6}
+    bounds = {"win_rate_vs_sft": (0.6, 0.8), "gold_reward_mean": (0.4, 0.6)}
+    rows = {r["policy"]: r for r in baselines_table(metrics, bounds)}
+    assert list(rows) == ["SFT", "best-of-4 of SFT", "best-of-16 of SFT", "PPO"]  # n ascending, PPO last
+    assert rows["SFT"]["KL to SFT (nats)"] == 0.0 and rows["SFT"]["PPO's judge win rate vs it"] == "0.7 [0.6, 0.8]"
+    assert rows["best-of-4 of SFT"]["judge reward"] == 0.45 and rows["best-of-4 of SFT"]["KL to SFT (nats)"] == 0.636
+    assert rows["best-of-16 of SFT"]["judge reward"] == "n/a"  # not measured: said so, not left blank
+    assert rows["PPO"]["judge reward"] == "0.5 [0.4, 0.6]" and rows["PPO"]["KL to SFT (nats)"] == 1.2
+    assert rows["PPO"]["PPO's judge win rate vs it"] == ""
+    assert overoptimisation_heldout_png(metrics, bounds)  # a PNG, drawn with a missing judge point
+    html = render_html({"name": "hh", "lineage": {}, "metrics": metrics, "intervals": bounds}, {}, [], None, [])
+    assert "best-of-16 of SFT" in html and "held-out proxy and judge vs KL" in html
