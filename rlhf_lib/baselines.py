@@ -84,8 +84,11 @@ def _pairwise_fit(train_diff, seed: int):
     both = [train_diff, -train_diff]
     x = sparse.vstack(both) if sparse.issparse(train_diff) else np.concatenate(both)
     y = np.concatenate([np.ones(train_diff.shape[0]), np.zeros(train_diff.shape[0])])
+    # L2 only, CV by accuracy and the scalar fitted attributes: scikit-learn 1.9's defaults said out loud, before
+    # 1.10 and 1.11 change them (each default warns until set).
     model = LogisticRegressionCV(Cs=list(CS), cv=5, fit_intercept=False, max_iter=2000, random_state=seed,
-                                 solver=pairwise_solver(x))
+                                 solver=pairwise_solver(x), l1_ratios=(0.0,), scoring="accuracy",
+                                 use_legacy_attributes=False)
     return model.fit(x, y)
 
 
@@ -100,7 +103,7 @@ def ngram_model(train: Sequence[PairExample], seed: int = 0) -> Callable[[Sequen
         return vec.transform([p.chosen for p in ps]) - vec.transform([p.rejected for p in ps])
 
     model = _pairwise_fit(diff(train), seed)
-    detail = f"C = {float(model.C_[0]):g}, {len(vec.vocabulary_):,} n-grams, {len(train):,} training pairs"
+    detail = f"C = {float(np.ravel(model.C_)[0]):g}, {len(vec.vocabulary_):,} n-grams, {len(train):,} training pairs"
 
     def judge(pairs: Sequence[PairExample]) -> Verdicts:
         return Verdicts("ngram", np.asarray(diff(pairs) @ model.coef_.ravel()).ravel() > 0, detail)
@@ -172,7 +175,7 @@ def linear_probe(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tra
     scale = np.sqrt((train_diff ** 2).mean(0)) + 1e-6  # differences have mean ~0 by symmetry: scale only
     probe = _pairwise_fit(train_diff / scale, seed)
     margin = (test_diff / scale) @ probe.coef_.ravel()
-    return Verdicts("probe", margin > 0, f"C = {float(probe.C_[0]):g}, {train_diff.shape[1]} features, "
+    return Verdicts("probe", margin > 0, f"C = {float(np.ravel(probe.C_)[0]):g}, {train_diff.shape[1]} features, "
                     f"{len(train):,} training pairs")
 
 

@@ -111,5 +111,5 @@ def test_the_pairwise_fit_takes_newton_steps_on_many_dense_rows_of_few_features(
     diff = rng.normal(size=(200, 4)) + np.array([1.0, 0.0, 0.0, 0.0])
     model = _pairwise_fit(diff, seed=0)
     x, y = np.concatenate([diff, -diff]), np.r_[np.ones(200), np.zeros(200)]
-    exact = LogisticRegression(C=float(model.C_[0]), fit_intercept=False, tol=1e-10, max_iter=10000).fit(x, y)
+    exact = LogisticRegression(C=float(model.C_), fit_intercept=False, tol=1e-10, max_iter=10000).fit(x, y)
     assert np.allclose(model.coef_, exact.coef_, atol=1e-4) and model.coef_[0, 0] > 0
