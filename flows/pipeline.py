@@ -117,11 +117,11 @@ def rlhf(
     `local_only` (set on those runs) runs every stage here.
     """
     if preset is not None:
-        from rlhf_lib.config.advice import tiny_defaults
+        from flows.settings import host_advice, tiny_defaults
 
         config = merged_config(preset, config)
         record_parameters({"config": config.model_dump(mode="json")})
-        for message in tiny_defaults(config):  # a deployment run's config never passes through the CLI's advice
+        for message in tiny_defaults(config) + host_advice(config):  # not through the CLI's advice
             get_run_logger().warning(message)
     if deployment.id is not None:  # parameters from the Prefect API: data and numbers, code only where the host allows
         from stages.home import state_dir

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_lib.config import ConfigError, PipelineConfig, build_config
+from rlhf_lib.config.advice import tiny_defaults
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -50,10 +51,26 @@ class TinyDefaultsWarning(UserWarning):
     """A pretrained model with a key still sized for the built-in tiny GPT-2 (`rlhf_lib.config.advice`)."""
 
 
+class HostPrecisionWarning(UserWarning):
+    """bf16 asked of a CPU without bf16 instructions (`rlhf_lib.host_bf16`): valid, and tens of times slower."""
+
+
 def advise(cfg: PipelineConfig) -> None:
     """Warn (stderr, so `--json` output stays clean) about keys sized for the tiny model while a pretrained one is
-    loaded: the run is valid, only likely to diverge or to cut every row short."""
-    from rlhf_lib.config.advice import tiny_defaults
-
+    loaded (the run is valid, only likely to diverge or to cut every row short), and about bf16 on a CPU that
+    emulates it."""
     for message in tiny_defaults(cfg):
         warnings.warn(message, TinyDefaultsWarning, stacklevel=3)
+    for message in host_advice(cfg):
+        warnings.warn(message, HostPrecisionWarning, stacklevel=3)
+
+
+def host_advice(cfg: PipelineConfig) -> list[str]:
+    """This host's advice on the config: bf16 where the stages would run on a CPU without bf16 instructions."""
+    from rlhf_lib.host_bf16 import bf16_advice, bf16_keys, native_bf16
+
+    if not bf16_keys(cfg):
+        return []  # float32: no need to ask torch where the stages run
+    from rlhf_lib.memory import on_cpu
+
+    return bf16_advice(cfg, on_cpu(cfg.resources), native_bf16())
