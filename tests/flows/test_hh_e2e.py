@@ -36,6 +36,25 @@ def metrics(summary, stage):
     return MlflowClient().get_run(summary["stages"][stage]["mlflow_run_id"]).data
 
 
+def test_rescoring_the_trained_rm_gives_its_stage_figures(hh_run):
+    """`stages.reward_heldout.rescore` (rm_select --rescore) on the stage's own data: every held-out figure the reward
+    stage logged, baselines included, to the last digit."""
+    from rlhf_lib.devices import resolve_device
+    from stages.artifact_cache import download
+    from stages.reward_heldout import rescore
+
+    def local(stage: str) -> Path:
+        tags = metrics(hh_run, stage).tags
+        return download(tags["rlhf.artifact_uri"], tags["rlhf.digest"])
+
+    got, report, html = rescore(load_config("micro", None, HH_SETS), local("data"), local("sft"), local("reward"),
+                                resolve_device("cpu"))
+    logged = metrics(hh_run, "reward").metrics
+    assert {"reward/heldout_accuracy", "reward/baseline/probe_accuracy", "reward/baseline/loglik_accuracy"} <= set(got)
+    assert {k: logged[k] for k in got} == pytest.approx(got, abs=1e-9)
+    assert report["accuracy"] == got["reward/heldout_accuracy"] and "<html" in html.lower()
+
+
 def test_hh_pairs_run_sft_rm_ppo_eval_without_a_judge(hh_run):
     from stages.artifact_cache import download
     from stages.models_io import load_policy
