@@ -73,7 +73,10 @@ def test_shared_prompts_give_the_whole_row_scores_and_gradient(arch, budget):
     (s_whole, g_whole), (s_shared, g_shared) = results
     torch.testing.assert_close(s_shared, s_whole, rtol=1e-5, atol=1e-5)
     for a, b in zip(g_whole, g_shared):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+        # Elementwise within 1e-4, or within 1e-3 of the tensor's largest entry: the KV-cached and whole-row paths
+        # sum in different orders, and an AVX2 host (no AVX-512) gave a 4e-6 difference on a 0.02 entry. A missing
+        # or doubled term would be off by the entry's size.
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3 * float(a.abs().max()) + 1e-7)
 
 
 def test_padding_after_a_long_prompt_stays_inside_the_position_table():
