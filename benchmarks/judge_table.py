@@ -12,6 +12,9 @@
    SFT, PPO and best-of-n replies.
 
     python benchmarks/judge_table.py --preset smollm2-hh --skip 640 --set resources.mixed_precision=no
+    # reuse a trained SFT and PPO reward model; a judge from the base model instead of the SFT model:
+    python benchmarks/judge_table.py ... --sft-model runs:/<sft>/model --reward-model runs:/<rm>/model \
+        --judge-set reward.name_or_path=smollm2
 
 Both runs share RLHF_HOME (default ~/.rlhf or --home), so a cached SFT, reward model or PPO is reused.
 """
@@ -72,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="smollm2-hh")
     ap.add_argument("--skip", type=int, default=640, help="training rows the judge skips (data.skip_rows)")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for both runs")
+    ap.add_argument("--judge-set", action="append", default=[],
+                    help="KEY=VALUE for the judge's run only, e.g. reward.name_or_path=smollm2 (a judge from the base "
+                    "model, not from the SFT model the policy starts from)")
+    ap.add_argument("--sft-model", help="SFT model URI for both runs (skips the sft stage)")
+    ap.add_argument("--reward-model", help="PPO reward model URI for the full run (skips its reward stage)")
     ap.add_argument("--samples", type=int, default=3, help="held-out prompts printed with every policy's reply")
     ap.add_argument("--home", help="RLHF_HOME of both runs (default: the environment's)")
     ap.add_argument("--out", help="write the JSON result here")
@@ -79,13 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(a.home).resolve() if a.home else None
     logs = Path(tempfile.mkdtemp(prefix="judge-table-"))
     sets = [x for s in a.set for x in ("--set", s)]
+    judge_sets = [x for s in a.judge_set for x in ("--set", s)]
+    pinned = ["--sft-model", a.sft_model] if a.sft_model else []
 
     judge, judge_s = rlhf(["run", "reward", "--preset", a.preset, "--set", f"data.skip_rows={a.skip}",
-                           "--set", "name=judge", *sets], home, logs / "judge.log")
+                           "--set", "name=judge", *sets, *judge_sets, *pinned], home, logs / "judge.log")
     judge_run = judge["stages"]["reward"]["mlflow_run_id"]
     spec = f'{{name: judge, kind: model, model: "runs:/{judge_run}/model"}}'
     full, full_s = rlhf(["run", "full", "--preset", a.preset, "--set", "eval.best_of=[4,16]",
-                         "--set", f"eval.judge={spec}", *sets], home, logs / "full.log")
+                         "--set", f"eval.judge={spec}", *sets, *pinned,
+                         *(["--reward-model", a.reward_model] if a.reward_model else [])], home, logs / "full.log")
 
     from mlflow import MlflowClient
 
@@ -109,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in replies:
         print("\n".join(f"- **{k}**: {' '.join(str(v).split())}" for k, v in r.items()) + "\n")
     if a.out:
-        result = {"judge_run": judge_run, "judge_accuracy": [acc, lo, hi], "eval_run": eval_run, "sets": a.set,
+        result = {"judge_run": judge_run, "judge_sets": a.judge_set, "sft_model": a.sft_model,
+                  "reward_model": a.reward_model, "judge_accuracy": [acc, lo, hi], "eval_run": eval_run, "sets": a.set,
                   "seconds": {"judge": judge_s, "full": full_s}, "table": table, "samples": replies}
         Path(a.out).write_text(json.dumps(result, indent=1))
     return 0
