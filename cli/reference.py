@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -74,9 +75,11 @@ def _list_rows(key: str, field: Any, item: type[BaseModel], values: list[list[di
 
 
 def config_section() -> list[str]:
-    from flows.settings import load_config
+    from flows.settings import HostPrecisionWarning, load_config
 
-    values = [load_config(p).model_dump(mode="json") for p in PRESETS]
+    with warnings.catch_warnings():  # the presets are read, not run: this host's bf16 does not matter
+        warnings.simplefilter("ignore", HostPrecisionWarning)
+        values = [load_config(p).model_dump(mode="json") for p in PRESETS]
     head = "| key | type | " + " | ".join(PRESETS) + " | meaning |"
     out = ["## Config keys", "",
            "Every key of `PipelineConfig`, with its value in each preset (`〃`: the same as in `demo`). Set them in "

@@ -55,16 +55,25 @@ def ranked_pairs(list_sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]
 
 def bradley_terry_loss(
     scores: torch.Tensor, better: torch.Tensor, worse: torch.Tensor, list_of_pair: torch.Tensor,
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, label_smoothing: float = 0.0, center_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """-log sigmoid(r_better - r_worse), averaged within each list and then over lists (each prompt weighs the
     same whatever its K, as in InstructGPT's 1/C(K,2) normalisation). With `weights`, the mean within a list is
     weighted: sum_p w_p l_p / sum_p w_p.
 
+    `label_smoothing` eps trusts each label with probability 1 - eps (a noisy labeller):
+    -(1 - eps) log sigmoid(m) - eps log sigmoid(-m), whose minimum sits at the finite margin log((1 - eps) / eps)
+    instead of at infinity. `center_coef` c adds c * (r_better + r_worse)^2 per pair (TRL's
+    center_rewards_coefficient, Eisenstein et al. 2023): scores stay centred at 0 without changing which reply wins.
+
     Shapes: scores (N,), better/worse/list_of_pair/weights (N_pairs,).
     """
     margin = scores[better] - scores[worse]
     per_pair = -F.logsigmoid(margin)
+    if label_smoothing:
+        per_pair = (1 - label_smoothing) * per_pair - label_smoothing * F.logsigmoid(-margin)
+    if center_coef:
+        per_pair = per_pair + center_coef * (scores[better] + scores[worse]) ** 2
     w = torch.ones_like(per_pair) if weights is None else weights.to(per_pair.dtype)
     n_lists = int(list_of_pair.max()) + 1
     zeros = torch.zeros(n_lists, dtype=scores.dtype, device=scores.device)
@@ -188,7 +197,8 @@ def train_reward_model(
         better, worse, list_of_pair = _pair_index(mb, group.device)
         weights = (closest_pair_weights([e.responses for e in mb]).to(group.device) if step < cfg.curriculum_steps
                    else pair_weights(better, worse, cfg.pair_weight))
-        loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair, weights)
+        loss, stats = bradley_terry_loss(scores, better, worse, list_of_pair, weights, cfg.label_smoothing,
+                                         cfg.center_coef)
         loss, _ = global_share(group, loss, float(len(mb)) if real else 0.0, scores)
         loss_value, grad_norm = run.step(loss, sched, 1.0, "reward-model", step)
         n_pairs = sum(len(e.responses) * (len(e.responses) - 1) // 2 for e in mb) if real else 0

@@ -87,6 +87,13 @@ class RewardConfig(LoRAKeys):
     pair_weight: Literal["uniform", "rank_distance"] = Field(
         "uniform", description="Weight of each pair in its list's loss: uniform (InstructGPT) or rank_distance "
         "(pairs ranked further apart, the surer labels of a noisy labeller, weigh more).")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="Probability eps that a pair's label is wrong: "
+                                   "the loss -(1-eps) log sigmoid(m) - eps log sigmoid(-m) stops pushing a margin m "
+                                   "past log((1-eps)/eps), a guard against fitting noisy human labels. 0 = plain "
+                                   "Bradley-Terry.")
+    center_coef: float = Field(0.0, ge=0, description="Weight c of c * (r_better + r_worse)^2 per pair (TRL's "
+                               "center_rewards_coefficient, Eisenstein et al. 2023, e.g. 0.01): keeps scores centred "
+                               "at 0, which pairs alone leave free.")
     max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut.")
     micro_batch_tokens: int | None = Field(None, ge=1, description="Token budget of one training forward pass: "
                                            "a batch's rows are sorted by length and cut into forwards of at most "

@@ -53,6 +53,34 @@ def test_rank_distance_weights():
     assert math.isclose(float(loss), (sp(0) + 3 * sp(-2)) / 4, rel_tol=1e-6)
 
 
+def test_label_smoothing_hand_case():
+    # One pair, margin 2, eps 0.1: 0.9 * -log s(2) + 0.1 * -log s(-2) = 0.9 x 0.12693 + 0.1 x 2.12693 = 0.32693.
+    # Its minimum is at m = log(0.9 / 0.1) = 2.1972: the gradient there is 0 (plain BT would still push).
+    better, worse = ranked_pairs([2])
+    one = torch.zeros(1, dtype=torch.long)
+    sp = lambda x: math.log1p(math.exp(-x))  # noqa: E731  -log sigmoid(x)
+    loss, stats = bradley_terry_loss(torch.tensor([2.0, 0.0]), better, worse, one, label_smoothing=0.1)
+    assert math.isclose(float(loss), 0.9 * sp(2) + 0.1 * sp(-2), rel_tol=1e-6) and stats["margin"] == 2.0
+    at_min = torch.tensor([math.log(9.0), 0.0], requires_grad=True)
+    bradley_terry_loss(at_min, better, worse, one, label_smoothing=0.1)[0].backward()
+    assert torch.allclose(at_min.grad, torch.zeros(2), atol=1e-6)
+    plain = torch.tensor([math.log(9.0), 0.0], requires_grad=True)
+    bradley_terry_loss(plain, better, worse, one)[0].backward()
+    assert float(plain.grad[0]) == pytest.approx(-0.1)  # -sigmoid(-log 9) = -1/10
+
+
+def test_center_coef_hand_case():
+    # Scores [3, 1] (better first): margin 2, sum 4. loss = sp(2) + 0.01 x 16 = 0.12693 + 0.16 = 0.28693; shifting
+    # both scores by -2 (sum 0) leaves only sp(2): the penalty moves the level, not the order.
+    better, worse = ranked_pairs([2])
+    one = torch.zeros(1, dtype=torch.long)
+    sp = lambda x: math.log1p(math.exp(-x))  # noqa: E731  -log sigmoid(x)
+    loss, _ = bradley_terry_loss(torch.tensor([3.0, 1.0]), better, worse, one, center_coef=0.01)
+    assert math.isclose(float(loss), sp(2) + 0.16, rel_tol=1e-6)
+    centred, _ = bradley_terry_loss(torch.tensor([1.0, -1.0]), better, worse, one, center_coef=0.01)
+    assert math.isclose(float(centred), sp(2), rel_tol=1e-6)
+
+
 def test_closest_pair_weights_pick_the_fewest_edits_per_list():
     # List 0: pairs (0,1) (0,2) (1,2): "chess" -> "yoga" 5 edits (4 substitutions, 1 deletion), "chess" -> "chest"
     # 1, "yoga" -> "chest" 5 -> [0, 1, 0]. List 1: one pair -> [1]. List 2: every pair 1 edit, a tie -> the first.
