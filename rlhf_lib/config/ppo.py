@@ -56,6 +56,11 @@ class PPOConfig(Section):
     rm_offset_samples: int = Field(128, ge=0, description="RM offset normalisation: before iteration 0, score this "
                                    "many samples of the SFT policy and subtract their mean score from every score, "
                                    "so SFT samples average 0; 0 = off.")
+    rm_unit_std: bool = Field(False, description="With rm_offset_samples: also divide every score by the standard "
+                              "deviation of those SFT samples' scores, so SFT scores have mean 0 and std 1 (the gain "
+                              "and bias of lm-human-preferences, N+ details). A reward model whose scores spread by "
+                              "1e-3 (a zero-initialised head after a few steps) otherwise weighs nothing beside the "
+                              "KL penalty and the missing-EOS penalty.")
     rewards: list[RewardSource] = Field(
         default_factory=default_rewards, description="Reward sources, each {name, kind: model|function|http, weight, "
         "...}; their weighted sum is the score on the last real token. Default: the reward stage's RM alone. "
@@ -179,6 +184,8 @@ class PPOConfig(Section):
             (self.environment is not None and self.rollout_engine == "vllm",
              "ppo.environment: multi-turn rollouts run on rollout_engine 'hf' only"),
         ]
+        checks.append((self.rm_unit_std and not self.rm_offset_samples,
+                       "ppo.rm_unit_std needs ppo.rm_offset_samples > 0: the SFT samples whose score std it divides by"))
         checks.append((self.keep == "best" and self.eval_every is None,
                        "ppo.keep=best needs ppo.eval_every: the best policy is chosen at the held-out evaluations"))
         for bad, message in checks:

@@ -99,6 +99,7 @@ class PPOSetup:
                        else FixedKLController(cfg.kl_coef))
         self.reward_moments = RunningMoments() if cfg.whiten_rewards else None
         self.rm_offset: float | None = None if cfg.rm_offset_samples else 0.0
+        self.rm_scale = 1.0  # ppo.rm_unit_std: the SFT samples' score std, set with the offset
         # Demonstrations are cut to what the policy's position embeddings cover, as in SFT.
         self.ptx = (PtxSampler(ptx_examples, models.tokenizer, fit_length(ptx_max_length, models.policy),
                                cfg.ptx_batch_size, self.generator, self.device) if cfg.ptx_coef > 0 else None)
@@ -145,21 +146,23 @@ class PPOSetup:
         """The trained policy as a plain transformers model (LoRA adapters merged in) for saving and registering."""
         return merged_copy(self.peft) if self.peft is not None else self.models.policy
 
-    def _set_rm_offset(self, offset: float | None) -> None:
-        self.rm_offset = offset
+    def _set_rm_offset(self, offset: float | None, scale: float = 1.0) -> None:
+        self.rm_offset, self.rm_scale = offset, scale
         # A value model copied from the RM predicts raw scores; one built from SFT (or for an RM that reads other
-        # token ids) starts at 0 and needs no shift.
+        # token ids) starts at 0 and needs no shift. With rm_unit_std the copied critic is shifted, not scaled: its
+        # shifted predictions start near 0 (a tiny raw spread) and it learns the scale, as a critic from SFT does.
         if (self.critic.kind == "separate" and self.cfg.value_init == "reward" and self.models.reward is not None
                 and self.models.reward_tokenizer is None):
             self.critic.offset = offset or 0.0
 
-    def _rm_offset(self) -> float:
-        """RM offset normalisation (N+ implementation details, after Ziegler et al. 2019): the mean summed score of
-        `rm_offset_samples` responses of the SFT policy (= the frozen reference) to training prompts. Its own RNGs,
-        so the training stream is the same with the offset on or off."""
+    def _rm_offset(self) -> tuple[float, float]:
+        """RM normalisation (N+ implementation details, after Ziegler et al. 2019): the mean summed score of
+        `rm_offset_samples` responses of the SFT policy (= the frozen reference) to training prompts, and the scale:
+        their scores' standard deviation (population) with `rm_unit_std`, else 1. Its own RNGs, so the training
+        stream is the same with the offset on or off."""
         c, tok = self.cfg, self.models.tokenizer
         prompts, gen = rm_offset_prompts(self.sampler.prompts, c.rm_offset_samples, c.seed)
-        total = 0.0
+        total = square = 0.0
         for i in range(0, len(prompts), c.batch_size):
             chunk = prompts[i : i + c.batch_size]
             local = self.group.local_rows(chunk)
@@ -177,18 +180,27 @@ class PPOSetup:
             with self.precision():
                 extra = {} if self.env is None else {"env_returns": ep.returns,
                                                      "completions": [t[-1].text for t in ep.turns]}
-                total += float(self.rewards(local, query, query_mask, response, response_mask, **extra).total.sum())
-        return self.group.sum([total])[0] / len(prompts)
+                got = self.rewards(local, query, query_mask, response, response_mask, **extra).total.double()
+                total, square = total + float(got.sum()), square + float((got * got).sum())
+        total, square = self.group.sum([total, square])
+        mean = total / len(prompts)
+        if not c.rm_unit_std:
+            return mean, 1.0
+        std = max(square / len(prompts) - mean * mean, 0.0) ** 0.5
+        if std < 1e-12:
+            raise ValueError(f"ppo.rm_unit_std: the {len(prompts)} SFT samples all scored {mean:.6g}: no spread to "
+                             "divide by (set ppo.rm_unit_std=false or score more samples, ppo.rm_offset_samples)")
+        return mean, std
 
     def extra_state(self) -> dict[str, Any]:
         """The trainer's running state besides weights, optimizer, KL controller, sampler and RNGs (checkpoints)."""
         best = self.best and {"iteration": self.best.iteration, "metric": self.best.metric, "value": self.best.value}
-        return {"rm_offset": self.rm_offset,
+        return {"rm_offset": self.rm_offset, "rm_scale": self.rm_scale,
                 "reward_moments": self.reward_moments.state_dict() if self.reward_moments else None, "best": best}
 
     def load_extra_state(self, state: dict[str, Any], best_state: dict[str, torch.Tensor] | None = None) -> None:
         """Restore `extra_state`; `best_state` holds the best policy's weights when a best was recorded."""
-        self._set_rm_offset(state["rm_offset"])
+        self._set_rm_offset(state["rm_offset"], state.get("rm_scale", 1.0))  # checkpoints before rm_unit_std: 1
         if self.reward_moments is not None:
             self.reward_moments.load_state_dict(state["reward_moments"])
         best = state.get("best")

@@ -3,6 +3,7 @@
 Order, each step optional (N+ implementation details, Huang et al. 2024; trlx's reward scaling):
     s = RM(prompt, response)              raw score
     s = s - offset                        RM offset normalisation: SFT samples average 0
+    s = s / scale                         ppo.rm_unit_std: SFT samples' scores have std 1
     s = s - missing_eos_penalty           on responses that never emitted EOS
     s = (s - mu_run) / sigma_run          running whitening over every rollout so far
     s = clip(s, -c, c)                    reward clipping
@@ -78,6 +79,7 @@ def shape_scores(
     has_eos: Tensor,
     *,
     offset: float = 0.0,
+    scale: float = 1.0,
     missing_eos_penalty: float | None = None,
     moments: RunningMoments | None = None,
     clip: float | None = None,
@@ -87,7 +89,7 @@ def shape_scores(
     `moments` (running whitening) is updated with this batch before it normalises it, so the first batch is
     whitened by its own statistics. Stats: score_clipfrac (share of scores the clip changed).
     """
-    s = raw.float() - offset
+    s = (raw.float() - offset) / scale
     if missing_eos_penalty is not None:
         s = torch.where(has_eos, s, s - missing_eos_penalty)
     if moments is not None:

@@ -104,7 +104,7 @@ class PPOTrainer(PPOSetup):
     @torch.inference_mode()
     def score(self, ro: Rollout) -> None:
         if self.rm_offset is None:
-            self._set_rm_offset(self._rm_offset())
+            self._set_rm_offset(*self._rm_offset())
         # In chunks of rows: the three forward passes' activations (a (rows, T, 4H) MLP tensor per layer, the (rows,
         # R, V) logits) never exist for the whole rollout at once. Rows are independent, so the results are the same.
         n = self.cfg.score_batch_size
@@ -131,7 +131,8 @@ class PPOTrainer(PPOSetup):
         c, mask = self.cfg, ro.policy_mask
         has_eos = ends_with_eos(ro.response, ro.response_mask, self.models.tokenizer.eos_token_id)
         ro.scores, score_stats = shape_scores(
-            ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, missing_eos_penalty=c.missing_eos_penalty,
+            ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, scale=self.rm_scale,
+            missing_eos_penalty=c.missing_eos_penalty,
             moments=self.reward_moments, clip=c.reward_clip,
         )
         ro.rewards, reward_stats = compute_rewards(
@@ -148,6 +149,7 @@ class PPOTrainer(PPOSetup):
         ro.advantages = masked_whiten(advantages, mask) if whiten else advantages
         kl = kl_stats(ro.logprobs, ro.ref_logprobs, mask)
         stats = advantage_stats(ro, advantages, kl, self.kl_ctl.value, score_stats, reward_stats)
+        stats.update({"objective/rm_offset": self.rm_offset or 0.0, "objective/rm_scale": self.rm_scale})
         if ro.score_parts:
             stats.update(part_stats(ro.score_parts, self.rewards.weights))
         # Each source's share of the score phase (this process's rows): a judge's or an endpoint's cost beside the RM's.

@@ -52,6 +52,13 @@ def test_shape_scores_offset_and_missing_eos_penalty():
     assert stats["score_clipfrac"] == 0.0
 
 
+def test_shape_scores_unit_std_scales_before_the_eos_penalty():
+    # (raw - 2) / 0.5, then the penalty in the scaled units: (1-2)/0.5 = -2; (2-2)/0.5 - 1 = -1; (3-2)/0.5 = 2.
+    s, _ = shape_scores(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True]), offset=2.0, scale=0.5,
+                        missing_eos_penalty=1.0)
+    assert s.tolist() == [-2.0, -1.0, 2.0]
+
+
 def test_shape_scores_whitening_uses_the_running_statistics():
     moments = RunningMoments()
     s, _ = shape_scores(torch.tensor([1.0, 3.0]), torch.tensor([True, True]), moments=moments)

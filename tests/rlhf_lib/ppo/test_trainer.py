@@ -136,6 +136,35 @@ def test_rm_offset_centres_sft_scores_and_shifts_a_value_model_copied_from_the_r
     torch.testing.assert_close(ro.scores, ro.raw_scores - trainer.rm_offset)
 
 
+def test_rm_unit_std_divides_by_the_sft_samples_score_spread(tiny_tokenizer, tiny_policy):
+    cfg = CFG.model_copy(update={"rm_offset_samples": 16, "rm_unit_std": True})
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    seen, score = [], trainer.rewards
+    trainer.rewards = lambda *a, **k: seen.append(score(*a, **k).total) or score(*a, **k)  # a spy: calls through
+    mean, std = trainer._rm_offset()
+    raw = torch.cat(seen).double()  # the 16 SFT samples' scores, in two batches of 8
+    assert raw.shape == (16,) and mean == pytest.approx(float(raw.mean()))
+    assert std == pytest.approx(float(raw.std(unbiased=False))) and std != 1.0
+    trainer.rewards = score
+    assert trainer._rm_offset() == (mean, std)  # its own RNGs: the same samples every time
+    ro = trainer.rollout()
+    trainer.score(ro)
+    trainer.advantages(ro)
+    assert (trainer.rm_offset, trainer.rm_scale) == (mean, std)
+    torch.testing.assert_close(ro.scores, ((ro.raw_scores.double() - mean) / std).float())
+    state = trainer.extra_state()
+    assert state["rm_scale"] == std
+    trainer.load_extra_state(state | {"rm_scale": 3.0})
+    assert trainer.rm_scale == 3.0
+    del state["rm_scale"]  # a checkpoint from before rm_unit_std
+    trainer.load_extra_state(state)
+    assert trainer.rm_scale == 1.0
+    off = _make(tiny_tokenizer, tiny_policy, cfg.model_copy(update={"rm_unit_std": False}))
+    assert off._rm_offset() == (pytest.approx(mean), 1.0)
+    with pytest.raises(ValueError, match="rm_unit_std needs ppo.rm_offset_samples"):
+        PPOConfig.model_validate(CFG.model_dump() | {"rm_offset_samples": 0, "rm_unit_std": True})
+
+
 def test_scoring_in_row_chunks_gives_the_one_pass_results(tiny_tokenizer, tiny_policy):
     """Chunks of 3 rows (uneven: 3 + 3 + 2) against all 8 at once, on one rollout with padded prompts."""
     prompts = [p + " please" * (i % 3) for i, p in enumerate(PROMPTS)]
