@@ -36,7 +36,8 @@ PPO = (
        "std, else 1) of `ppo.rm_offset_samples` SFT samples' raw scores, fixed before iteration 0",
        "a scale of ~1e-3 without rm_unit_std: the RM's signal is too small to weigh against the KL and EOS penalty"),
     _m("objective/score", "mean score that enters the reward: raw minus the RM offset (SFT samples average 0), divided "
-       "by the RM scale, minus `ppo.missing_eos_penalty` where EOS is missing, then running-whitened and clipped when configured",
+       "by the RM scale, minus `ppo.missing_eos_penalty` where EOS is missing, then running-whitened and clipped when "
+       "configured",
        "far below the raw score's trend: the EOS penalty is firing"),
     _m("objective/score_clipfrac", "share of scores `ppo.reward_clip` changed",
        "above ~0.2: the clip hides the reward signal (raise it)"),

@@ -185,7 +185,8 @@ class PPOConfig(Section):
              "ppo.environment: multi-turn rollouts run on rollout_engine 'hf' only"),
         ]
         checks.append((self.rm_unit_std and not self.rm_offset_samples,
-                       "ppo.rm_unit_std needs ppo.rm_offset_samples > 0: the SFT samples whose score std it divides by"))
+                       "ppo.rm_unit_std needs ppo.rm_offset_samples > 0: the SFT samples whose score std it "
+                       "divides by"))
         checks.append((self.keep == "best" and self.eval_every is None,
                        "ppo.keep=best needs ppo.eval_every: the best policy is chosen at the held-out evaluations"))
         for bad, message in checks:
