@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                     "model, not from the SFT model the policy starts from)")
     ap.add_argument("--sft-model", help="SFT model URI for both runs (skips the sft stage)")
     ap.add_argument("--reward-model", help="PPO reward model URI for the full run (skips its reward stage)")
+    ap.add_argument("--judge-run", help="MLflow run id of a judge trained before (a reward stage's run): step 1 is "
+                    "skipped, its held-out accuracy read from that run")
     ap.add_argument("--samples", type=int, default=3, help="held-out prompts printed with every policy's reply")
     ap.add_argument("--home", help="RLHF_HOME of both runs (default: the environment's)")
     ap.add_argument("--out", help="write the JSON result here")
@@ -90,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     judge_sets = [x for s in a.judge_set for x in ("--set", s)]
     pinned = ["--sft-model", a.sft_model] if a.sft_model else []
 
-    judge, judge_s = rlhf(["run", "reward", "--preset", a.preset, "--set", f"data.skip_rows={a.skip}",
-                           "--set", "name=judge", *sets, *judge_sets, *pinned], home, logs / "judge.log")
-    judge_run = judge["stages"]["reward"]["mlflow_run_id"]
+    if a.judge_run:
+        judge_run, judge_s = a.judge_run, 0.0
+    else:
+        judge, judge_s = rlhf(["run", "reward", "--preset", a.preset, "--set", f"data.skip_rows={a.skip}",
+                               "--set", "name=judge", *sets, *judge_sets, *pinned], home, logs / "judge.log")
+        judge_run = judge["stages"]["reward"]["mlflow_run_id"]
     spec = f'{{name: judge, kind: model, model: "runs:/{judge_run}/model"}}'
     full, full_s = rlhf(["run", "full", "--preset", a.preset, "--set", "eval.best_of=[4,16]",
                          "--set", f"eval.judge={spec}", *sets, *pinned,

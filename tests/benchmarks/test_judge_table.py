@@ -49,6 +49,16 @@ def test_without_pinned_models_both_stages_run():
     assert all("--sft-model" not in c and "--reward-model" not in c for c in calls)
 
 
+def test_a_judge_trained_before_is_not_trained_again(monkeypatch):
+    calls: list[list[str]] = []
+    monkeypatch.setattr(judge_table, "rlhf", record(calls))
+    calls.append(["(slot)"])  # the recorder stops at its second call: here the full run
+    with pytest.raises(Stop):
+        judge_table.main(["--judge-run", "J0"])
+    assert calls[1][:2] == ["run", "full"]
+    assert 'eval.judge={name: judge, kind: model, model: "runs:/J0/model"}' in calls[1]
+
+
 def test_last_turn_reads_chatml_and_hh_transcripts():
     chatml = ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\n"
               "How do I   pick a lock?<|im_end|>\n<|im_start|>assistant\n")
