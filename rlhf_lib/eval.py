@@ -85,7 +85,9 @@ def generate_and_score(
                                  generator=gen)
             act = rm
             texts += decode_responses(tokenizer, r, rm)
-        ref_logp, _ = response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)
+        # The SFT model and best-of-n's draws are scored against themselves: their KL is 0 by definition (only float
+        # rounding apart), so the reference's forward is skipped.
+        ref_logp = logp if ref is model else response_logprobs(ref, q, qm, r, rm, cfg.temperature, chunk=chunk)[0]
         device = r.device
         got = rewards(chunk_prompts, q.to(device), qm.to(device), r, rm, **extra)
         if isinstance(judge, RewardSet):  # eval.judge: a source PPO never optimised, on the same tokens

@@ -84,3 +84,30 @@ def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tin
         assert [p["gold"] for p in picks[n]] == pytest.approx(gold, abs=1e-4)
         lo, hi = bounds[f"gold_lead_over_best_of_{n}"]
         assert lo <= got[f"gold_lead_over_best_of_{n}"] <= hi
+
+
+def test_the_kl_to_itself_is_zero_and_a_copy_agrees_to_rounding(tiny_tokenizer, tiny_policy):
+    """A model scored against itself (SFT, best-of-n's draws) skips the reference forward: its KL is exactly 0. A
+    separate copy, which runs that forward, agrees within float rounding; a perturbed copy does not."""
+    import copy
+    from types import SimpleNamespace
+
+    from rlhf_lib.config import EvalConfig
+    from rlhf_lib.eval import generate_and_score
+
+    def rewards(prompts, q, qm, r, rm):
+        total = torch.zeros(r.shape[0])
+        return SimpleNamespace(total=total, parts={"rm": total})
+
+    prompts = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(4)]
+    cfg = EvalConfig(max_new_tokens=6, temperature=0.7, batch_size=2)
+    own = generate_and_score(tiny_policy, tiny_policy, rewards, tiny_tokenizer, prompts, cfg, 32, None)
+    assert own.kl_to_ref.tolist() == [0.0] * 4
+    twin = copy.deepcopy(tiny_policy)
+    same = generate_and_score(tiny_policy, twin, rewards, tiny_tokenizer, prompts, cfg, 32, None)
+    assert same.texts == own.texts and torch.allclose(same.kl_to_ref, own.kl_to_ref, atol=1e-4)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    moved = generate_and_score(tiny_policy, twin, rewards, tiny_tokenizer, prompts, cfg, 32, None)
+    assert moved.kl_to_ref.abs().sum() > 1e-2
