@@ -43,6 +43,7 @@ class EphemeralPrefect:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.app_dir = str(Path(spec.origin).parent.parent)
         self.restarts = 0
+        self.up = False  # answered its health check once
         self.process = self._spawn()
         atexit.register(self.stop)
 
@@ -72,6 +73,7 @@ class EphemeralPrefect:
                 code = self.process.returncode
                 raise RuntimeError(f"the temporary Prefect server on {self.api_url} exited with {code}")
             if healthy(f"{self.api_url}/health"):
+                self.up = True
                 return
             time.sleep(0.1)
         self.stop()
@@ -79,9 +81,19 @@ class EphemeralPrefect:
 
     def ready(self) -> bool:
         """Whether the server answers now (no waiting)."""
-        return self.process.poll() is None and healthy(f"{self.api_url}/health", 0.5)
+        self.up = self.up or (self.process.poll() is None and healthy(f"{self.api_url}/health", 0.5))
+        return self.process.poll() is None and self.up
 
-    def stop(self) -> None:
+    def stop(self, start_grace_s: float = 10.0) -> None:
+        """Terminate the server. One still starting (this process failed early: a device it lacks, a dead store)
+        gets up to `start_grace_s` to come up first: terminated inside its start-up's database work, it would print
+        a cancelled query's traceback under the run's one-line error."""
+        if self.process.poll() is None:
+            deadline = time.monotonic() + start_grace_s
+            while not self.up and self.process.poll() is None and time.monotonic() < deadline:
+                self.up = healthy(f"{self.api_url}/health", 0.5)
+                if not self.up:
+                    time.sleep(0.1)
         if self.process.poll() is None:
             self.process.terminate()
             try:
