@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +28,9 @@ if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached ru
 
 Judge = Callable[[str, str], float]  # the demo task's gold judge; eval.judge comes as a RewardSet of its one source
 Terms = Callable[[str, str], dict[str, float]]  # the judge's score term by term (the demo task's gold_breakdown)
+# The SFT side's memo: (seed, prompts, compute) -> the SFT model's Generations of those prompts under that seed, from
+# `compute()` or a store of earlier ones (stages/eval_memo.py). Nothing of it depends on the PPO policy.
+SftMemo = Callable[[int, Sequence[str], Callable[[], "Generations"]], "Generations"]
 
 
 @dataclass
@@ -108,6 +112,12 @@ def generate_and_score(
     by_source = {name: torch.cat([p[name] for p in parts]) for name in (parts[0] if parts else {})}
     return Generations(texts, torch.cat(scores), torch.cat(lengths), torch.cat(eos), torch.cat(kls), gold, by_term,
                        by_source, turns or None)
+
+
+def remembered(memo: SftMemo | None, seed: int, prompts: Sequence[str], compute: Callable[[], Generations],
+               ) -> Generations:
+    """`compute()`, or with a `memo` the SFT samples it holds for this seed and these prompts."""
+    return compute() if memo is None else memo(seed, prompts, compute)
 
 
 def win_rate(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> float:
@@ -197,18 +207,20 @@ def evaluate(
     policy: PreTrainedModel, sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None = None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
+    memo: SftMemo | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
-    one where the task has them, and a 95 % interval of every figure."""
+    one where the task has them, and a 95 % interval of every figure. `memo`: where the SFT model's samples (its
+    replies and best-of-n's draws) may come from instead of sampling them again."""
     args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
     kw = {"chunk": chunk, "terms": terms, "runner": runner}
     pol = generate_and_score(policy, sft, *args, **kw)
-    base = generate_and_score(sft, sft, *args, **kw)
+    base = remembered(memo, cfg.seed, prompts, lambda: generate_and_score(sft, sft, *args, **kw))
     metrics, bounds = compare(pol, base), intervals(pol, base, prompts)
     samples = sample_rows(prompts, pol, base, cfg.samples_in_report)
     if cfg.best_of:
         more, more_bounds, kept = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk,
-                                            pol, runner)
+                                            pol, runner, memo)
         metrics.update(more)
         bounds.update(more_bounds)
         for i, row in enumerate(samples[:int(more["best_of_prompts"])]):  # the kept reply of each n beside PPO's
@@ -219,7 +231,7 @@ def evaluate(
 
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
               cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None, chunk: int | None,
-              policy: Generations, runner: EpisodeRunner | None = None,
+              policy: Generations, runner: EpisodeRunner | None = None, memo: SftMemo | None = None,
               ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]], dict[int, list[dict]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
@@ -227,11 +239,15 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
     reward and gold means, PPO's lead over them in gold and its win rates (gold, reward), each with a bootstrap
     interval over prompts (a repeated prompt's rows together); and the best-of-n policy's KL to SFT,
     log n - (n - 1) / n (Stiennon et al. 2020). Third: per n, the kept reply of each prompt ({response, rm_score,
-    gold}), for the report's samples."""
+    gold}), for the report's samples. `memo` as in `evaluate`: each draw is remembered by its seed."""
     m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
     sub = list(prompts[:m])
-    draws = [generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
-                                max_prompt_tokens, judge, chunk=chunk, runner=runner) for k in range(max(cfg.best_of))]
+
+    def draw(k: int) -> Generations:
+        return generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
+                                  max_prompt_tokens, judge, chunk=chunk, runner=runner)
+
+    draws = [remembered(memo, cfg.seed + 1 + k, sub, partial(draw, k)) for k in range(max(cfg.best_of))]
     scores = torch.stack([d.scores for d in draws], 1)  # (m, max n)
     lengths = torch.stack([d.lengths for d in draws], 1)
     gold = torch.tensor([d.gold for d in draws], dtype=torch.float32).T if judge else None  # (m, max n)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -44,9 +45,12 @@ from stages.data import (
     source_info,
 )
 from stages.eval_judge import eval_judge_model, load_eval_judge
+from stages.eval_memo import SftMemo, memo_key
 from stages.models_io import judge_models
 from stages.report import CURVES, render_html
 from stages.tracking import RetryingClient, StageRun, model_version
+
+MemoFor = Callable[[str], SftMemo]
 
 
 def ppo_history(ppo_run_id: str, cfg: PipelineConfig) -> dict[str, list[tuple[int, float]]]:
@@ -112,7 +116,8 @@ def by_topic_group(prompts: list[str], policy_gold: list[float], sft_gold: list[
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
-           judges: dict[str, str] | None = None, eval_judge: str | None = None):
+           judges: dict[str, str] | None = None, eval_judge: str | None = None, memo: MemoFor | None = None):
+    """`memo(device)`: where the SFT side's samples are remembered (`stages.eval_memo`); None samples them all."""
     def build(run: StageRun, out_dir: Path) -> None:
         preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
         dirs = {k: download(v.artifact_uri, v.digest) for k, v in upstream.items()}  # not before the look-up
@@ -151,8 +156,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         precision = autocast(device, cfg.resources.mixed_precision)
         with precision():
             runner = EpisodeRunner.build(cfg.ppo, tokenizer, prompts, rewards.columns, cfg.eval.max_new_tokens)
+            sft_memo = memo(str(device)) if memo is not None else None
             result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
-                              chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner)
+                              chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner, memo=sft_memo)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
@@ -200,7 +206,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                "judge": (cfg.eval.judge.describe().replace("reward", "eval.judge", 1) if cfg.eval.judge
                          else "gold judge (demo task)" if judge else "none: RM-judged only"),
                "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)}
-            | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {}),
+            | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {})
+            | ({"SFT samples": sft_memo.describe()} if sft_memo is not None else {}),
             "metrics": metrics,
             "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
         }
@@ -251,7 +258,11 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     if config.eval.judge is not None:  # its model's identity, and a function's source, join the key
         eval_judge, section["eval_judge"] = eval_judge_model(config.eval.judge)
         section["eval_judge_code"] = reward_code([config.eval.judge])
-    build = _build(config, data_dir, data, upstream, judges, eval_judge)
+    def memo(device: str) -> SftMemo:  # --force eval samples the SFT side again too
+        key = memo_key(section, upstream, fingerprint, device, config.resources.frozen_dtype)
+        return SftMemo(key, refresh="eval" in ctx.force)
+
+    build = _build(config, data_dir, data, upstream, judges, eval_judge, memo)
     result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())
     metrics = report["metrics"]

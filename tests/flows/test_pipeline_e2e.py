@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 
@@ -163,6 +164,12 @@ def test_changed_ppo_setting_reruns_ppo_and_eval_only(first):
 
     changed = rlhf(config=load_config("micro", None, ["ppo.kl_coef=0.123"]), pipeline="full")
     assert statuses(changed) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "ran", "eval": "ran"}
+    # The new eval read the SFT side (its replies, best-of-4's draws) from the first eval's samples: same figures.
+    report = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=changed["stages"]["eval"]["mlflow_run_id"], artifact_path="report/report.json")).read_text())
+    assert report["lineage"]["SFT samples"].startswith("5 of 5 sampled by an earlier eval")
+    for key in ("reward_mean_sft", "gold_reward_mean_sft", "best_of_4_reward_mean", "best_of_4_gold_mean"):
+        assert changed["eval"][key] == first["eval"][key]
 
 
 def test_deleted_artifact_is_a_miss_not_a_stale_hit(first):

@@ -111,3 +111,43 @@ def test_the_kl_to_itself_is_zero_and_a_copy_agrees_to_rounding(tiny_tokenizer, 
             p.add_(0.05 * torch.randn_like(p))
     moved = generate_and_score(tiny_policy, twin, rewards, tiny_tokenizer, prompts, cfg, 32, None)
     assert moved.kl_to_ref.abs().sum() > 1e-2
+
+
+def test_a_memo_serves_the_sft_side_and_the_policy_is_sampled_afresh(tiny_tokenizer, tiny_policy):
+    """`evaluate(memo=...)`: the SFT model's replies (seed eval.seed) and each best-of-n draw (seed eval.seed + 1 + k)
+    come from the memo when it holds them. A perturbed SFT model served by the memo gives the first eval's SFT figures
+    exactly; the policy side is sampled again."""
+    import copy
+    from types import SimpleNamespace
+
+    from rlhf_lib.config import EvalConfig
+    from rlhf_lib.eval import evaluate
+
+    def rewards(prompts, q, qm, r, rm):
+        total = rm.sum(1).float() + r[:, 0].float() / 1000  # length, tie-broken by the first token
+        return SimpleNamespace(total=total, parts={"rm": total})
+
+    store: dict = {}
+
+    def memo(seed, prompts, compute):
+        key = (seed, tuple(prompts))
+        if key not in store:
+            store[key] = compute()
+        return store[key]
+
+    prompts = [f"\n\nHuman: tell me about topic {i}\n\nAssistant:" for i in range(3)]
+    cfg = EvalConfig(max_new_tokens=6, temperature=1.0, best_of=[2], best_of_prompts=2, batch_size=2)
+    first = evaluate(tiny_policy, tiny_policy, rewards, tiny_tokenizer, prompts, cfg, 32, memo=memo)
+    assert sorted(store) == [(cfg.seed, tuple(prompts)), (cfg.seed + 1, tuple(prompts[:2])),
+                             (cfg.seed + 2, tuple(prompts[:2]))]
+    moved = copy.deepcopy(tiny_policy)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    served = evaluate(tiny_policy, moved, rewards, tiny_tokenizer, prompts, cfg, 32, memo=memo)
+    fresh = evaluate(tiny_policy, moved, rewards, tiny_tokenizer, prompts, cfg, 32)
+    sft_keys = ("reward_mean_sft", "response_length_mean_sft", "best_of_2_reward_mean")
+    assert [served.metrics[k] for k in sft_keys] == [first.metrics[k] for k in sft_keys]
+    assert [fresh.metrics[k] for k in sft_keys] != [first.metrics[k] for k in sft_keys]  # the memo mattered
+    assert served.metrics["reward_mean"] == first.metrics["reward_mean"]  # the same policy, the same seed
+    assert served.metrics["kl_to_ref"] != first.metrics["kl_to_ref"]  # its KL is to the moved model: not memoised
