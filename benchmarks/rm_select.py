@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BASELINES = ("shorter", "ngram", "loglik", "probe")
 
 
+SFT_MODEL: list[str] = []  # ["--sft-model", URI] from --sft-model: every run reuses that SFT model
+
+
 def run_stage(stage: str, preset: str, sets: list[str], eval_file: str, home: Path, log: Path
               ) -> tuple[dict | None, float]:
     """One `rlhf run STAGE` with `eval_file` as the held-out pairs: its JSON summary (None on failure) and seconds."""
-    argv = [sys.executable, "-m", "cli.main", "run", stage, "--preset", preset, "--json",
+    argv = [sys.executable, "-m", "cli.main", "run", stage, "--preset", preset, "--json", *SFT_MODEL,
             *[a for s in [*sets, f"data.eval_preferences={eval_file}"] for a in ("--set", s)]]
     env = {**os.environ, "RLHF_HOME": str(home), "PREFECT_HOME": str(home / "prefect"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -122,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                     "file instead of training it again (refused when the test file changes its training rows)")
     ap.add_argument("--known", help="JSON file of candidates already validated ({name: {sets, validation}}, as "
                     "--out writes them): compared, not run again")
+    ap.add_argument("--sft-model", help="SFT model URI for every run (skips the sft stage): the candidates compared "
+                    "with --known candidates keep their SFT model when the code has changed since")
     a = ap.parse_args(argv)
+    SFT_MODEL[:] = ["--sft-model", a.sft_model] if a.sft_model else []
     candidates: dict[str, list[str]] = json.loads(Path(a.candidates).read_text())
     home = Path(a.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
