@@ -30,6 +30,17 @@ from rlhf_lib.envs import BUILTIN as BUILTIN_ENVIRONMENTS
 ENV = "RLHF_ALLOW_CODE"
 FILE_NAME = "allow-code.txt"
 ALWAYS = ("function:rlhf_lib.rewards.builtin:*",)
+# Every key that names code to run, with the allow-list entry that lets a deployment run set it (docs/operations.md's
+# table is generated from this: flows/policy_docs.py). `code_requests` finds them in a config.
+GATED = (
+    ("model.trust_remote_code", "model.trust_remote_code", "the policy checkpoint's own Python files"),
+    ("reward.trust_remote_code", "reward.trust_remote_code", "the reward checkpoint's own Python files"),
+    ("ppo.rewards[].function", "function:pkg.mod:fn or function:pkg.mod:*", "a reward function, imported while "
+     "the PPO cache key is computed"),
+    ("eval.judge.function", "function:pkg.mod:fn or function:pkg.mod:*", "the eval's judge function"),
+    ("ppo.environment", "environment:pkg.mod:Class or environment:pkg.mod:*", "an environment class run at every "
+     "rollout turn (the built-in `calculator` is always allowed)"),
+)
 
 
 def code_requests(cfg: PipelineConfig) -> list[tuple[str, str]]:
@@ -57,14 +68,30 @@ def host_allowed(state: Path) -> set[str]:
 
 
 def is_allowed(entry: str, allowed: set[str]) -> bool:
-    """Whether `entry` is on the list, itself or (a function, an environment) by its module's `module:*`."""
+    """Whether `entry` is on the list, itself or (a function, an environment) by its module's `module:*`. A
+    `module:*` entry allows what that module itself defines (a function, or for an environment a class), never a
+    name it imported (`rlhf_lib.rewards.builtin:re`)."""
     if entry in allowed:
         return True
     for prefix in ("function:", "environment:"):
         if entry.startswith(prefix):
-            module = entry.removeprefix(prefix).partition(":")[0]
-            return f"{prefix}{module}:*" in allowed
+            module, _, name = entry.removeprefix(prefix).partition(":")
+            return f"{prefix}{module}:*" in allowed and defined_in(module, name, prefix == "function:")
     return False
+
+
+def defined_in(module: str, name: str, function: bool) -> bool:
+    """Whether `module` itself defines `name` as a function (`function`) or a class: the module is one the host
+    allowed (`module:*`), so importing it to look is what the run would do anyway."""
+    import importlib
+    import inspect
+
+    try:
+        obj = getattr(importlib.import_module(module), name, None)
+    except Exception:  # a module that does not import: the run would fail on it too, naming it
+        return False
+    kind_ok = inspect.isfunction(obj) if function else inspect.isclass(obj)
+    return kind_ok and getattr(obj, "__module__", None) == module
 
 
 def check_deployment_config(cfg: PipelineConfig, state: Path) -> None:

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import deployment, flow_run
 
 from flows.code_policy import check_deployment_config
+from flows.path_policy import check_deployment_paths
 from flows.placement import Dispatched, run_on_pool
 from rlhf_lib.config import PipelineConfig, build_config
 from rlhf_lib.devices import resolve_device
@@ -23,7 +24,7 @@ from stages.context import RunContext
 from stages.data import data_stage
 from stages.eval import eval_stage
 from stages.owner import owner_tags
-from stages.ppo import ppo_stage
+from stages.ppo import ppo_control_stage, ppo_stage
 from stages.reaper import reap
 from stages.reward import reward_stage
 from stages.sft import sft_stage
@@ -127,6 +128,7 @@ def rlhf(
         from stages.home import state_dir
 
         check_deployment_config(config, state_dir())
+        check_deployment_paths(config, state_dir(), sft_model, reward_model)
     resolve_device(config.resources.device)  # refused before any run is opened or stage runs
     force = downstream_of(force or [])
     configure_process(config.torch_threads)
@@ -148,6 +150,7 @@ def rlhf(
     results: dict[str, StageResult] = {}
     eval_metrics: dict | None = None
     placed: dict[str, Dispatched] = {}
+    controls: dict[str, StageResult] = {}
 
     def on_pool(stage: str) -> StageResult | None:
         """The stage's result from its work pool, or None when it runs here."""
@@ -179,19 +182,22 @@ def rlhf(
         reward = results.get("reward")
         if last >= 3:
             results["ppo"] = on_pool("ppo") or ppo_stage(config, ctx, results["data"], results["sft"], reward)
+        if last >= 4:  # the control arms (eval.controls): PPO's cached siblings, the reward replaced
+            for name in config.eval.controls:
+                controls[name] = ppo_control_stage(config, ctx, results["data"], results["sft"], reward, control=name)
         if last >= 4 and not follower:  # the evaluation is node 0's
             if result := on_pool("eval"):
                 results["eval"], eval_metrics = result, placed["eval"].metrics
             else:
                 results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
-                                                           results["ppo"])
+                                                           results["ppo"], controls)
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise
     if last == 2 and "reward" in results and results["reward"].source is None and not follower:
         # `rlhf run reward`: the held-out accuracy of the RM it trained is the pipeline's figure
         eval_metrics = reward_figures(client.get_run(results["reward"].mlflow_run_id).data.metrics)
-    all_cached = all(r.status == "cached" for r in results.values())
+    all_cached = all(r.status == "cached" for r in [*results.values(), *controls.values()])
     skipped = ({"reward": {"status": "skipped", "seconds": 0.0, "mlflow_run_id": "",
                            "reason": "no reward source of kind model in ppo.rewards"}}
                if last >= 3 and "reward" not in results else {})
@@ -200,7 +206,8 @@ def rlhf(
         "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
         "mlflow_experiment_id": experiment_id, "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
         "stages": {k: stage_summary(results[k], placed.get(k)) if k in results else skipped[k] for k in STAGES
-                   if k in results or k in skipped},
+                   if k in results or k in skipped}
+        | {f"ppo-{name}": stage_summary(result, None) for name, result in controls.items()},
         "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
     }
     client.log_dict(parent_id, summary, "summary.json")  # what a flow run that sent a stage here reads back

@@ -19,10 +19,13 @@ def preset_names(dirs: Sequence[Path] = (PRESETS,)) -> list[str]:
 
 
 def preset_layer(name: str, dirs: Sequence[Path] = (PRESETS,)) -> tuple[str, dict[str, Any]]:
-    """The preset `name` as a config layer (origin, values), from the first of `dirs` that has it."""
-    path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), None)
+    """The preset `name` as a config layer (origin, values), from the first of `dirs` that has it. A preset is a name
+    that `preset_names` lists, never a path: `/x/y` or `../z` (a deployment parameter) is refused before any file is
+    read."""
+    known = preset_names(dirs)
+    path = next((d / f"{name}.yaml" for d in dirs if (d / f"{name}.yaml").is_file()), None) if name in known else None
     if path is None:
-        raise ConfigError(f"unknown preset {name!r}; known presets: {', '.join(preset_names(dirs))}")
+        raise ConfigError(f"unknown preset {name[:80]!r}; known presets: {', '.join(known)}")
     return f"preset {name}", _read_yaml(path)
 
 

@@ -88,6 +88,9 @@ PPO = (
     _m("update/critic_warmup", "1 during the `ppo.critic_warmup` value-only iterations"),
     _m("response/length_mean response/length_max", "response tokens including EOS (multi-turn: the policy's own "
        "tokens over all its turns)", "mean climbing toward `ppo.max_new_tokens`: length explosion"),
+    _m("env/step_errors", "multi-turn rollouts: policy turns whose environment step raised (the episode read an "
+       "error observation and went on; the rollout was not lost)", "above 0: the environment has a bug or meets "
+       "replies it does not expect"),
     _m("env/turns_mean env/tokens_mean env/return_mean", "multi-turn rollouts (`ppo.environment`): policy turns per "
        "episode, the environment's tokens per episode, and the environment's summed reward",
        "turns stuck at 1 (the policy never calls the tool) or at `ppo.max_turns` (it never stops calling it)"),
@@ -194,6 +197,17 @@ EVAL = (
        "PPO against best-of-n on the same prompts: its gold lead (mean of the per-prompt difference) and win rates "
        "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
        "its KL than sampling and reranking"),
+    _m("eval/<control>_reward_mean eval/<control>_gold_reward_mean eval/<control>_kl_to_ref "
+       "eval/<control>_response_length_mean eval/<control>_no_eos_frac eval/<control>_win_rate_vs_sft",
+       "each control arm of `eval.controls` (zero_reward, shuffled_reward: PPO with the reward replaced), sampled on "
+       "the eval prompts with PPO's seed: its reward, gold, KL to SFT, length, share without EOS and gold win rate "
+       "over SFT", "a control far above SFT: the shaping (EOS penalty, KL) alone moves the policy"),
+    _m("eval/gold_lead_over_<control> eval/reward_lead_over_<control> eval/reward_<name>_lead_over_<control> "
+       "eval/win_rate_vs_<control> eval/rm_win_rate_vs_<control>",
+       "PPO against each control arm on the same prompts: its paired lead in gold, in the reward sources' sum and in "
+       "each source, and its win rates by the judge and by the reward sources, with intervals: what the reward "
+       "taught beyond the shaping", "an interval across or below 0: the reward did not teach what the figures "
+       "against SFT suggest"),
     _m("eval/gold_reward_mean_<group> eval/gold_reward_mean_sft_<group> eval/win_rate_vs_sft_<group>",
        "demo task: gold of policy and SFT and the gold win rate on prompts about topics training never saw "
        "(group new_topics) and about training topics asked in new ways (seen_topics)", "a gain on seen_topics "

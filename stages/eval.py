@@ -14,18 +14,17 @@ from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
-from rlhf_lib.demo_task import FILE_NAMES, TEST_TOPICS, VAL_TOPICS, gold_breakdown, gold_score, parse_topic
-from rlhf_lib.demo_task.constant import best_constant, fill
+from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.envs import environment_digest
 from rlhf_lib.envs.episodes import EpisodeRunner
 from rlhf_lib.eval import evaluate
-from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
+from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
-from rlhf_lib.reward import pairwise_accuracy, score_texts
+from rlhf_lib.reward import pairwise_accuracy
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.functions import reward_code
 from rlhf_lib.rewards.judge import load_judge
@@ -44,6 +43,7 @@ from stages.data import (
     prompt_columns,
     source_info,
 )
+from stages.eval_demo import by_topic_group, constant_reply
 from stages.eval_judge import eval_judge_model, load_eval_judge
 from stages.eval_memo import SftMemo, memo_key
 from stages.models_io import judge_models
@@ -80,41 +80,6 @@ def measured_accuracy(reward: StageResult) -> float | None:
     return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
 
 
-def constant_reply(cfg: PipelineConfig, data_dir: Path, reward, tokenizer, prompts: list[str],
-                   policy_gold: list[float], precision) -> tuple[dict, dict, str]:
-    """The demo task's best constant reply (`rlhf_lib.demo_task.constant`): picked by the reward model's mean score
-    on the first `eval.constant_reply_prompts` distinct validation prompts, then judged by gold on the eval prompts
-    beside the policy's replies (its gold, PPO's lead over it, PPO's win rate against it, with intervals)."""
-    val = read_prompts(data_dir / FILE_NAMES["prompts_val"]).rows
-    val = list(dict.fromkeys(p.prompt for p in val))[:cfg.eval.constant_reply_prompts]
-    max_length = fit_length(cfg.reward.max_length, reward)
-
-    def score(ps: list[str], rs: list[str]) -> list[float]:
-        with precision():
-            return score_texts(reward, tokenizer, ps, rs, max_length, cfg.reward.eval_batch_size).tolist()
-
-    template, _ = best_constant(score, val)
-    gold = [gold_score(p, fill(template, p)) for p in prompts]
-    rows = {"constant_reply_gold_mean": gold,
-            "gold_lead_over_constant_reply": [a - b for a, b in zip(policy_gold, gold)],
-            "win_rate_vs_constant_reply": win_indicators(policy_gold, gold).tolist()}
-    return {k: sum(v) / len(v) for k, v in rows.items()}, {k: mean_interval(v) for k, v in rows.items()}, template
-
-
-def by_topic_group(prompts: list[str], policy_gold: list[float], sft_gold: list[float]) -> tuple[dict, dict]:
-    """The demo task's gold figures on prompts about topics training never saw (`new_topics`: the held-out split's
-    own topics) and about training topics asked in new ways (`seen_topics`), with their intervals."""
-    new = set(TEST_TOPICS + VAL_TOPICS)
-    rows: dict[str, list[float]] = {}
-    for group, keep in (("new_topics", True), ("seen_topics", False)):
-        idx = [i for i, p in enumerate(prompts) if (parse_topic(p) in new) == keep]
-        if idx:
-            pol, sft = [policy_gold[i] for i in idx], [sft_gold[i] for i in idx]
-            rows[f"gold_reward_mean_{group}"], rows[f"gold_reward_mean_sft_{group}"] = pol, sft
-            rows[f"win_rate_vs_sft_{group}"] = win_indicators(pol, sft).tolist()
-    return {k: sum(v) / len(v) for k, v in rows.items()}, {k: mean_interval(v) for k, v in rows.items()}
-
-
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
            judges: dict[str, str] | None = None, eval_judge: str | None = None, memo: MemoFor | None = None):
     """`memo(device)`: where the SFT side's samples are remembered (`stages.eval_memo`); None samples them all."""
@@ -125,8 +90,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         device = ProcessGroup(device=cfg.resources.device).device
         policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
         sft, _ = load_causal_lm(dirs["sft"], trust, dtype)
+        arms = {name: load_causal_lm(dirs[control_stage(name)], trust, dtype)[0] for name in cfg.eval.controls}
         reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype) if "reward" in dirs else None
-        for model in filter(None, (policy, sft, reward)):
+        for model in filter(None, (policy, sft, reward, *arms.values())):
             model.to(device)
         reward_tokenizer = (load_tokenizer(dirs["reward"], trust_remote_code=cfg.reward.trust_remote_code)
                             if reward is not None else None)
@@ -158,7 +124,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             runner = EpisodeRunner.build(cfg.ppo, tokenizer, prompts, rewards.columns, cfg.eval.max_new_tokens)
             sft_memo = memo(str(device)) if memo is not None else None
             result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
-                              chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner, memo=sft_memo)
+                              chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner, memo=sft_memo, controls=arms,
+                              missing_eos_penalty=cfg.ppo.missing_eos_penalty)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
@@ -229,14 +196,24 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
     return build
 
 
+def control_stage(name: str) -> str:
+    """The upstream name of the control arm `name` (`eval.controls`): its PPO run's result, `ppo-<name>`."""
+    return f"ppo-{name}"
+
+
 @flow(name="eval", flow_run_name="eval-{config.name}")
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
-               reward: StageResult | None, ppo: StageResult) -> tuple[StageResult, dict]:
+               reward: StageResult | None, ppo: StageResult,
+               controls: dict[str, StageResult] | None = None) -> tuple[StageResult, dict]:
     """Evaluate on held-out prompts; returns the stage result and the report's metrics. `reward` is None when no
-    reward source of `ppo.rewards` is a model."""
+    reward source of `ppo.rewards` is a model. `controls`: the PPO control arms of `eval.controls`, by name."""
     ctx = on_node(ctx, config.resources)  # node 0 evaluates; another node waits for its report
+    controls = controls or {}
+    if missing := [c for c in config.eval.controls if c not in controls]:
+        raise ValueError(f"eval.controls: no PPO run of the control arm(s) {missing} was given to the eval stage")
     data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
+    upstream |= {control_stage(name): controls[name] for name in config.eval.controls}
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
     fingerprint += optional_digest(data_dir, "prompts_val")  # the best constant reply is picked on it
     if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
@@ -247,6 +224,8 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
                "resources": {"mixed_precision": config.resources.mixed_precision},
                "rewards": [s.model_dump() for s in config.ppo.rewards],
                "reward_code": reward_code(config.ppo.rewards)}
+    if config.eval.best_of and config.ppo.missing_eos_penalty:  # best-of-n reranks with PPO's shaping
+        section["best_of_shaping"] = {"missing_eos_penalty": config.ppo.missing_eos_penalty}
     if config.ppo.environment:  # the eval's episodes run the environment too
         section["environment"] = {"name": config.ppo.environment, "max_turns": config.ppo.max_turns,
                                   "max_episode_tokens": config.ppo.max_episode_tokens,

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -31,16 +32,55 @@ from stages.home import state_dir
 _log = logging.getLogger(__name__)
 # Eval keys that choose what is compared or shown, never how the SFT model samples or is scored.
 NOT_SAMPLING = ("best_of", "best_of_prompts", "samples_in_report", "constant_reply_prompts", "judge_pairs",
-                "max_prompts")
+                "max_prompts", "controls")
+# Parts of the eval stage's key that choose how samples are compared, never how the SFT side samples or is scored.
+NOT_SAMPLING_SECTIONS = ("best_of_shaping",)
 
 
 def memo_key(section: dict[str, Any], upstream: dict[str, StageResult], fingerprint: str, device: str,
              frozen_dtype: str) -> str:
     """The key every entry of one eval shares: the eval stage's key without the policy and the non-sampling keys."""
-    part = dict(section) | {"eval": {k: v for k, v in section["eval"].items() if k not in NOT_SAMPLING},
+    part = {k: v for k, v in section.items() if k not in NOT_SAMPLING_SECTIONS} | {"eval": {k: v for k, v in section["eval"].items() if k not in NOT_SAMPLING},
                             "device": device, "frozen_dtype": frozen_dtype}
     models = {k: v.digest for k, v in upstream.items() if k in ("sft", "reward")}
     return cache_key("eval", part, models, fingerprint)
+
+
+def _floats(name: str, value: Any, n: int) -> None:
+    if not isinstance(value, torch.Tensor) or value.shape != (n,) or not value.is_floating_point():
+        raise ValueError(f"{name}: expected a float tensor of shape ({n},)")
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{name}: not finite")
+
+
+def _values(name: str, value: Any, n: int, kind: type) -> None:
+    if not isinstance(value, list) or len(value) != n or not all(type(v) is kind or
+                                                                  (kind is float and type(v) is int) for v in value):
+        raise ValueError(f"{name}: expected a list of {n} {kind.__name__}s")
+    if kind is float and not all(math.isfinite(v) for v in value):
+        raise ValueError(f"{name}: not finite")
+
+
+def checked(gens: Generations, n: int) -> Generations:
+    """`gens` when every field is what `generate_and_score` writes for `n` prompts (types, shapes, finite numbers),
+    else ValueError naming the field: an entry that loads but was not written by us (or for these prompts) never
+    stands in for the SFT side."""
+    _values("texts", gens.texts, n, str)
+    for name in ("scores", "lengths", "kl_to_ref"):
+        _floats(name, getattr(gens, name), n)
+    if not isinstance(gens.has_eos, torch.Tensor) or gens.has_eos.shape != (n,) or gens.has_eos.dtype != torch.bool:
+        raise ValueError(f"has_eos: expected a bool tensor of shape ({n},)")
+    if gens.gold is not None:
+        _values("gold", gens.gold, n, float)
+    if not isinstance(gens.terms or {}, dict) or not isinstance(gens.parts, dict):
+        raise ValueError("terms / parts: expected dicts")
+    for name, values in (gens.terms or {}).items():
+        _values(f"terms[{name!r}]", values, n, float)
+    for name, values in gens.parts.items():
+        _floats(f"parts[{name!r}]", values, n)
+    if gens.turns is not None:
+        _values("turns", gens.turns, n, str)
+    return gens
 
 
 def memo_dir() -> Path:
@@ -62,7 +102,7 @@ class SftMemo:
         path = self.path(seed, prompts)
         if not self.refresh and path.exists():
             try:
-                got = Generations(**torch.load(path, weights_only=True))
+                got = checked(Generations(**torch.load(path, weights_only=True)), len(prompts))
                 self.reused += 1
                 return got
             except Exception as e:  # a damaged entry is sampled again, never trusted

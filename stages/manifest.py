@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 
 
@@ -18,10 +19,32 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def dir_digest(path: Path) -> str:
-    """sha256 over the relative paths and contents of every file under `path` (sorted): a content identity."""
+MAX_DIGEST_BYTES = 256 * 2**30  # past this a folder is refused, not read (a model of a few billion params is ~20 GB)
+
+
+def regular_files(path: Path) -> list[Path]:
+    """The regular files under `path`, sorted (a symlink to a regular file counts; FIFOs, devices and sockets do
+    not: reading one could block forever or never end)."""
+    out = []
+    for p in Path(path).rglob("*"):
+        try:
+            if stat.S_ISREG(p.stat().st_mode):
+                out.append(p)
+        except OSError:  # a dangling link, a file gone meanwhile
+            continue
+    return sorted(out)
+
+
+def dir_digest(path: Path, max_bytes: int = MAX_DIGEST_BYTES) -> str:
+    """sha256 over the relative paths and contents of every regular file under `path` (sorted): a content
+    identity. A folder whose files add up to more than `max_bytes` is refused before any is read (ValueError)."""
+    files = regular_files(path)
+    total = sum(f.stat().st_size for f in files)
+    if total > max_bytes:
+        raise ValueError(f"{path}: {total / 2**30:.1f} GiB of files, over the {max_bytes / 2**30:.0f} GiB a content "
+                         "digest reads; name a model or data folder, not a whole disk")
     h = hashlib.sha256()
-    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+    for f in files:
         h.update(str(f.relative_to(path)).encode())
         h.update(bytes.fromhex(file_sha256(f)))
     return h.hexdigest()

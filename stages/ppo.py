@@ -11,7 +11,6 @@ one task, `ppo-launch`, whose events this process logs as they come.
 from __future__ import annotations
 
 import logging
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,15 +25,13 @@ from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.envs import environment_digest
-from rlhf_lib.events import Checkpoint, Event, Resumed
 from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
-from rlhf_lib.ppo.checkpoint import COMPLETE_MARKER
 from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
 from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
-from stages.base import RunSink, as_state, log_dataset, run_cached
+from stages.base import as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import (
@@ -46,11 +43,11 @@ from stages.data import (
     prompt_columns,
 )
 from stages.follower import FollowerRun, launch_id_of, pending_key
+from stages.ppo_sink import PPORunSink
 from stages.launch import default_config, run_job
 from stages.models_io import judge_models
 from stages.rendezvous import FollowerDone
-from stages.resume import CheckpointRejected, attempts, forget, resumable, resumed
-from stages.retry import transient
+from stages.resume import CheckpointRejected, attempts, forget, resumable
 from stages.tracking import RetryingClient, StageRun
 
 _IN_MEMORY = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -90,74 +87,6 @@ def as_task(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
     """The loop's `call`: run a phase as its Prefect task."""
     quiet_loop_task_logs()
     return PHASE_TASKS[phase](fn, *args)
-
-
-class PPORunSink(RunSink):
-    """The PPO loop's sink: the stage run's sink, plus checkpoints (logged under `checkpoints/iter_NNNNNN/`, then
-    deleted locally) and a resume (the interrupted run `resumed_from` retired, its metric history copied; a
-    checkpoint that did not load raises `CheckpointRejected`).
-
-    A checkpoint upload is tried once, so the loop never waits for a store that is down: one that fails stays on
-    local disk until the next checkpoint replaces it, or until `close` uploads it by the retry policy. Once a
-    checkpoint is logged whole (its marker is up), the run's checkpoints older than the newest `keep` are deleted
-    from the store (`ppo.keep_checkpoints`; None keeps all); a failed delete warns and is tried after the next."""
-
-    def __init__(self, run: StageRun, total: int, resumed_from: str | None = None, keep: int | None = None):
-        super().__init__(run, total)
-        self.resumed_from, self.keep = resumed_from, keep
-        self.pending: Path | None = None
-        self.logged: list[str] = []  # this run's checkpoints complete in the store, oldest first
-
-    def emit(self, event: Event) -> None:
-        match event:
-            case Checkpoint(path, _):
-                if self.pending is not None:  # superseded before the store came back
-                    shutil.rmtree(self.pending, ignore_errors=True)
-                self.pending = Path(path)
-                try:
-                    self._log_checkpoint(wait=False)
-                except Exception as e:
-                    if not transient(e):
-                        raise
-                    get_run_logger().warning("MLflow unreachable: checkpoint %s kept on local disk, to be logged "
-                                             "later (%s)", self.pending.name, e)
-            case Resumed(None, _):
-                raise CheckpointRejected(f"a checkpoint of run {self.resumed_from} did not load")
-            case Resumed(checkpoint, iteration):
-                resumed(self.run, self.resumed_from, checkpoint, iteration)
-                get_run_logger().info("ppo: resumed an interrupted run at iteration %d", iteration)
-            case _:
-                super().emit(event)
-
-    def _log_checkpoint(self, wait: bool) -> None:
-        name = self.pending.name
-        # The marker goes last: a process killed while the files were being copied leaves none, and resume skips
-        # that checkpoint.
-        (self.pending / COMPLETE_MARKER).unlink(missing_ok=True)
-        self.run.log_dir(self.pending, f"checkpoints/{name}", wait=wait)
-        self.run.log_text(name, f"checkpoints/{name}/{COMPLETE_MARKER}", wait=wait)
-        shutil.rmtree(self.pending, ignore_errors=True)
-        self.pending = None
-        self.logged.append(name)
-        self._prune(wait)
-
-    def _prune(self, wait: bool) -> None:
-        """Delete this run's checkpoints beyond the newest `keep` from the store: called only after a newer one is
-        complete there, so the newest complete one always stays."""
-        while self.keep is not None and len(self.logged) > self.keep:
-            name = self.logged[0]
-            try:
-                self.run.delete_artifacts(f"checkpoints/{name}", wait=wait)
-            except Exception as e:  # a leftover checkpoint costs storage, never the run
-                get_run_logger().warning("ppo: could not delete the old checkpoint %s from the MLflow run (tried again "
-                                         "after the next one): %s", name, e)
-                return
-            self.logged.pop(0)
-
-    def close(self) -> None:
-        """After the loop: a checkpoint the store missed is logged now, waiting for the store by the retry policy."""
-        if self.pending is not None:
-            self._log_checkpoint(wait=True)
 
 
 def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: list[str]) -> dict[str, Any]:
@@ -272,6 +201,29 @@ def ppo_stage(
 ) -> StageResult:
     """PPO against the frozen reward model and the other reward sources of `ppo.rewards` (`reward` is None when
     no source is a model), as a loop of rollout -> score -> gae -> update tasks."""
+    return _ppo(config, ctx, data, sft, reward)
+
+
+def control_config(config: PipelineConfig, control: str) -> PipelineConfig:
+    """The PPO stage's config with its reward replaced by the control arm `control` (`ppo.reward_control`): the same
+    settings, seed, shaping and budget otherwise."""
+    return config.model_copy(update={"ppo": config.ppo.model_copy(update={"reward_control": control})})
+
+
+@flow(name="ppo-control", flow_run_name="ppo-{control}-{config.name}")
+def ppo_control_stage(
+    config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult | None,
+    control: str,
+) -> StageResult:
+    """A control arm of the PPO stage (`eval.controls`): PPO with the same settings, seed, SFT model, reward model and
+    budget, the reward sources' score replaced by 0 (`zero_reward`) or permuted within each rollout
+    (`shuffled_reward`). Cached like the PPO stage (its key differs by `ppo.reward_control`), its own MLflow run
+    (`ppo-<control>-<key>`, tag `rlhf.variant`), never registered as an `rlhf-policy` version."""
+    return _ppo(control_config(config, control), ctx, data, sft, reward, variant=control)
+
+
+def _ppo(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult | None,
+         variant: str | None = None) -> StageResult:
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
     if reward is not None and (alarm := rm_edge(config, reward)):
         get_run_logger().warning("ppo: the reward stage raised alarm rm_no_edge: %s", alarm)
@@ -296,5 +248,5 @@ def ppo_stage(
         section["judges"] = judge_ids
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
     result, _ = run_cached(ctx, "ppo", section, upstream, fingerprint,
-                           _build(config, data_dir, data, sft, reward, judges, judge_ids))
+                           _build(config, data_dir, data, sft, reward, judges, judge_ids), variant=variant)
     return as_state(result)

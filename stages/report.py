@@ -9,6 +9,7 @@ from rlhf_lib.intervals import with_interval
 from stages.plotting import png as _png
 from stages.plotting import pyplot as _plt
 from stages.report_best_of import baselines_table, overoptimisation_heldout_png
+from stages.report_controls import controls_table, verdicts
 
 CURVES = [
     ("objective/score_raw", "score (raw: RM, or the sum of ppo.rewards)"), ("objective/kl", "KL to reference (nats/response)"),
@@ -191,6 +192,11 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<h2>PPO against SFT and best-of-n of SFT (first {_fmt(metrics.get('best_of_prompts'))} prompts for "
         f"best-of-n)</h2>{_table(best_of)}"
         f"{_img(overoptimisation_heldout_png(metrics, summary.get('intervals')), 'held-out proxy and judge vs KL')}")
+    controls = controls_table(metrics, summary.get("intervals"))
+    controls_html = "" if not controls else (
+        "<h2>PPO against its control arms (the same run, the reward replaced): what the reward taught beyond the "
+        "shaping</h2><ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts(metrics, summary.get("intervals")))
+        + f"</ul>{_table(controls)}")
     hist = _img(lengths_png(lengths or {}), "response lengths")
     alarm_html = ("<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>") if alarms else \
         "<p>none raised</p>"
@@ -201,7 +207,8 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
         f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
         f"<h2>Lineage</h2>{_table(lineage)}"
-        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}{best_of_html}"
+        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}{controls_html}"
+        f"{best_of_html}"
         f"<h2>PPO training curves</h2>{curves}"
         f"<h2>Proxy vs gold reward against KL</h2>{overopt}"
         f"<h2>Response lengths on held-out prompts</h2>{hist}"

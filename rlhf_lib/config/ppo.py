@@ -61,6 +61,11 @@ class PPOConfig(Section):
                               "and bias of lm-human-preferences, N+ details). A reward model whose scores spread by "
                               "1e-3 (a zero-initialised head after a few steps) otherwise weighs nothing beside the "
                               "KL penalty and the missing-EOS penalty.")
+    reward_control: Literal["none", "zero_reward", "shuffled_reward"] = Field(
+        "none", description="A control arm (set by `eval.controls`, not by hand): zero_reward replaces the summed score "
+        "of the reward sources by 0 (after the RM offset and scale, so the SFT samples' mean), shuffled_reward permutes "
+        "it within each rollout; the missing-EOS penalty, whitening, clipping and KL still apply. What such a run "
+        "learns is what the shaping alone teaches.")
     rewards: list[RewardSource] = Field(
         default_factory=default_rewards, description="Reward sources, each {name, kind: model|function|http, weight, "
         "...}; their weighted sum is the score on the last real token. Default: the reward stage's RM alone. "
@@ -202,8 +207,10 @@ class PPOConfig(Section):
     def key(self) -> dict:
         """The config as the PPO stage's cache key reads it: without the multi-turn keys when there is no
         environment, so a single-turn run's key is what it was before they existed."""
-        drop = {"environment", "max_turns", "max_episode_tokens"} if self.environment is None else None
-        return self.model_dump(exclude=drop)
+        drop = {"environment", "max_turns", "max_episode_tokens"} if self.environment is None else set()
+        if self.reward_control == "none":  # a run's key is what it was before control arms existed
+            drop.add("reward_control")
+        return self.model_dump(exclude=drop or None)
 
     @property
     def response_tokens(self) -> int:

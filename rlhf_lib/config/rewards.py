@@ -56,7 +56,8 @@ class RewardSource(Section):
     token_env: str | None = Field(None, description="kind http: environment variable holding the bearer token "
                                   "(the token itself never enters the config, the logs or the cache key).")
     timeout_s: float = Field(30.0, gt=0, description="kind http: seconds one try may take, from sending the request "
-                             "to the last byte of the answer.")
+                             "to the last byte of the answer; kind function: seconds one call on a batch may take "
+                             "(past it the iteration fails with one line).")
     retries: int = Field(3, ge=1, description="kind http: tries per request (exponential backoff) on timeouts, "
                          "connection errors and HTTP 5xx/429; a 4xx is not retried.")
     verify_tls: bool = Field(True, description="kind http: verify the server's TLS certificate.")
@@ -70,7 +71,7 @@ class RewardSource(Section):
             raise ValueError(f"{where}.name: use letters, digits, '_', '.' or '-' (it names metrics)")
         needs = {"function": "function", "http": "url", "judge": "template"}
         judge_keys = {"model", "template", "score", "rating_max", "max_length", "batch_size"}
-        own = {"model": {"model"}, "judge": judge_keys, "function": {"function", "params"},
+        own = {"model": {"model"}, "judge": judge_keys, "function": {"function", "params", "timeout_s"},
                "http": {"url", "version", "token_env", "timeout_s", "retries", "verify_tls", "batch_size"},
                "environment": set()}
         if self.kind in needs and getattr(self, needs[self.kind]) is None:

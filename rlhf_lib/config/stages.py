@@ -160,6 +160,12 @@ class EvalConfig(Section):
                                     "many held-out pairs (two rubric prompts per pair through the judge model); the "
                                     "reward model's accuracy still covers every pair. null = all of them.")
 
+    controls: list[Literal["zero_reward", "shuffled_reward"]] = Field(
+        [], description="Control arms of PPO, each a cached sibling of the PPO stage with the same settings, seed, "
+        "SFT model, RM and budget (`ppo.reward_control`): zero_reward (the reward sources' score replaced by 0, so the "
+        "missing-EOS penalty and the KL alone act) and shuffled_reward (the scores permuted within each rollout). The "
+        "eval samples each beside PPO and reports PPO's paired lead over it (<figure>_lead_over_<control>): what the "
+        "reward taught beyond the shaping. Never registered as rlhf-policy versions. [] = none.")
     judge: RewardSource | None = Field(
         None, description="A judge PPO never optimised, scoring PPO, SFT and best-of-n on the held-out prompts: its "
         "scores are the eval's gold (gold_reward_mean, win_rate_vs_sft, best_of_<n>_gold_*, each with its interval) "
@@ -179,9 +185,12 @@ class EvalConfig(Section):
         return self
 
     def key(self) -> dict:
-        """The config as the eval stage's cache key reads it: without `judge_pairs` and `judge` when they are unset,
-        so a run's key is what it was before the keys existed."""
-        return self.model_dump(exclude={k for k in ("judge_pairs", "judge") if getattr(self, k) is None} or None)
+        """The config as the eval stage's cache key reads it: without `judge_pairs`, `judge` and `controls` when
+        they are unset, so a run's key is what it was before the keys existed."""
+        unset = {k for k in ("judge_pairs", "judge") if getattr(self, k) is None}
+        if not self.controls:
+            unset.add("controls")
+        return self.model_dump(exclude=unset or None)
 
 
 class ResourcesConfig(Section):

@@ -21,6 +21,27 @@ from .fields import DataError
 from .jsonl import jsonl_rows, read_bytes
 
 BUILDERS = {".json": "json", ".csv": "csv", ".parquet": "parquet"}
+DATA_SUFFIXES = (".jsonl", *BUILDERS)
+# `datasets`' packaged builders: a name of these given to `load_dataset` reads local files (`text` with a data_dir
+# reads every file of a folder), so it is never taken for a hub data set. The library's own list is private
+# (`datasets.packaged_modules._PACKAGED_DATASETS_MODULES`, pinned by tests/rlhf_lib/data/test_sources.py); these are
+# the names of datasets 4-5, kept in case it moves.
+PACKAGED_BUILDERS = frozenset({"text", "json", "csv", "parquet", "arrow", "pandas", "sql", "xml", "webdataset",
+                               "imagefolder", "audiofolder", "videofolder", "pdffolder", "niftifolder", "cache",
+                               "generator", "spark", "hdf5", "eval", "lance", "iceberg", "conll", "fasta", "fastq",
+                               "genbank", "harbor", "meshfolder", "mmcif", "pdb", "tsfile", "vortex"})
+
+
+def is_builder_name(spec: str) -> bool:
+    """Whether `spec` names one of `datasets`' packaged builders (a local-file reader), not a hub data set."""
+    name = spec.strip().strip("/").lower()
+    if name in PACKAGED_BUILDERS:
+        return True
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:
+        return False
+    return name in _PACKAGED_DATASETS_MODULES
 Rows = Iterator[tuple[int, "dict[str, Any] | DataError"]]
 Kind = Literal["jsonl", "file", "dir", "hub"]
 
@@ -53,6 +74,9 @@ class Source:
                             "directory of data files, or a hub data set name", path=self.spec, kind="unreadable")
         if self.spec.startswith(("/", ".", "~")):  # a path, not a hub name
             raise DataError(f"{self.spec}: file not found", path=self.spec, kind="missing file")
+        if is_builder_name(self.spec):
+            raise DataError(f"{self.spec}: no such file or directory, and a datasets builder name is not a hub data "
+                            "set (name a file or directory of data files)", path=self.spec, kind="missing file")
         return "hub"
 
     @property

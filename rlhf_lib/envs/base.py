@@ -34,9 +34,10 @@ class Turn:
     role: Literal["policy", "environment"]
     text: str
     reward: float | None = None
+    failed: bool = False  # a policy turn whose environment step raised: the episode read an error observation
 
     def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "text": self.text, "reward": self.reward}
+        return {"role": self.role, "text": self.text, "reward": self.reward} | ({"failed": True} if self.failed else {})
 
 
 class Environment(Protocol):
@@ -45,6 +46,15 @@ class Environment(Protocol):
     def reset(self, row: Mapping[str, Any]) -> None: ...
 
     def step(self, message: str) -> Step: ...
+
+
+def safe_step(env: Environment, message: str) -> tuple[Step, bool]:
+    """`env.step(message)`, and whether it raised: an exception from one episode's step (a bug, a value the
+    environment did not expect) becomes an error observation for that episode, never a dead batch. Shapes: none."""
+    try:
+        return env.step(message), False
+    except Exception as e:  # noqa: BLE001 - any failure of one episode's step is that episode's
+        return Step(f"error: the environment failed on this message ({type(e).__name__})"), True
 
 
 def format_turns(turns: list[Turn]) -> str:

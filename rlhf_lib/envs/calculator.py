@@ -10,15 +10,16 @@ answers the same way.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from rlhf_lib.envs.base import Step
+from rlhf_lib.rewards.builtin import first_integer, read_integer
 
 CALL = re.compile(r"<calc>(.*?)</calc>", re.S)
-_FIRST_INT = re.compile(r"-?\d+")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
         ast.Mod: operator.mod, ast.Div: operator.truediv}
 MAX_DIGITS = 30  # a result or operand longer than this is refused (no exponent operator either: no huge numbers)
@@ -60,7 +61,11 @@ def _value(node: ast.AST) -> int | float:
 
 
 def _checked(v: int | float) -> int | float:
-    if len(str(abs(int(v)))) > MAX_DIGITS:
+    """`v` within the calculator's range: finite, under MAX_DIGITS digits (compared as numbers, never converted to
+    text or to int from an infinity), an integral float as an int."""
+    if isinstance(v, float) and not math.isfinite(v):
+        raise CalcError("number too large")
+    if abs(v) >= 10**MAX_DIGITS:
         raise CalcError("number too large")
     if isinstance(v, float) and v.is_integer():
         return int(v)
@@ -68,9 +73,9 @@ def _checked(v: int | float) -> int | float:
 
 
 def answer_of(message: str) -> int | None:
-    """The first integer of a message, the answer as exact match reads it; None without one."""
-    m = _FIRST_INT.search(message)
-    return int(m.group()) if m else None
+    """The first integer of a message, the answer as exact match reads it; None without one (or when its digit run
+    is longer than an answer can be: `rlhf_lib.rewards.builtin.MAX_ANSWER_DIGITS`)."""
+    return first_integer(message)
 
 
 class CalculatorEnv:
@@ -83,7 +88,10 @@ class CalculatorEnv:
         if row.get("answer") is None:
             raise ValueError("the calculator environment needs an 'answer' column on the prompts "
                              "(data.task: arithmetic writes one)")
-        self.answer = int(str(row["answer"]).strip())
+        self.answer = read_integer(str(row["answer"]).strip())
+        if self.answer is None:
+            raise ValueError(f"the calculator environment: the row's answer {str(row['answer'])[:40]!r} is not an "
+                             "integer")
 
     def step(self, message: str) -> Step:
         call = CALL.search(message)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf_lib.envs.base import Environment, Turn
+from rlhf_lib.envs.base import Environment, Turn, safe_step
 from rlhf_lib.envs.registry import load_environment
 from rlhf_lib.envs.render import ObservationFormat, is_transcript
 from rlhf_lib.lm.generation import sample
@@ -95,9 +95,9 @@ def run_episodes(generate: Generate, tokenizer: PreTrainedTokenizerBase, query: 
             seq[i] += ids
             act[i] += [1] * len(ids)
             text = tokenizer.decode([t for t in ids if t != eos], skip_special_tokens=True)
-            step = envs[i].step(text)
+            step, failed = safe_step(envs[i], text)
             returns[i] += float(step.reward)
-            turns[i].append(Turn("policy", text, float(step.reward)))
+            turns[i].append(Turn("policy", text, float(step.reward), failed=failed))
             if step.done or step.observation is None or turn == max_turns - 1:
                 continue
             obs = observations.ids(step.observation)

@@ -94,6 +94,7 @@ def response_stats(ro: Rollout, eos_token_id: int) -> dict[str, float]:
              "response/no_eos_frac": float(no_eos.float().mean())}
     if ro.turns is not None and ro.env_returns is not None:
         stats["env/turns_mean"] = sum(sum(t.role == "policy" for t in row) for row in ro.turns) / len(ro.turns)
+        stats["env/step_errors"] = float(sum(t.failed for row in ro.turns for t in row))
         stats["env/tokens_mean"] = float((ro.response_mask.sum(1) - ro.policy_mask.sum(1)).float().mean())
         stats["env/return_mean"] = float(ro.env_returns.float().mean())
     return stats

@@ -4,6 +4,7 @@ Order, each step optional (N+ implementation details, Huang et al. 2024; trlx's 
     s = RM(prompt, response)              raw score
     s = s - offset                        RM offset normalisation: SFT samples average 0
     s = s / scale                         ppo.rm_unit_std: SFT samples' scores have std 1
+    s = 0, or s[perm]                     ppo.reward_control: a control arm (zero_reward, shuffled_reward)
     s = s - missing_eos_penalty           on responses that never emitted EOS
     s = (s - mu_run) / sigma_run          running whitening over every rollout so far
     s = clip(s, -c, c)                    reward clipping
@@ -83,13 +84,18 @@ def shape_scores(
     missing_eos_penalty: float | None = None,
     moments: RunningMoments | None = None,
     clip: float | None = None,
+    control: str = "none",
+    permutation_seed: int = 0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The score that enters the reward, from the raw RM score. Shape: raw (B,), has_eos (B,) bool -> (B,).
 
     `moments` (running whitening) is updated with this batch before it normalises it, so the first batch is
     whitened by its own statistics. Stats: score_clipfrac (share of scores the clip changed).
+    `control` (a control arm, `ppo.reward_control`): `zero_reward` sets every normalised score to 0, so only the
+    shaping after it acts; `shuffled_reward` permutes the normalised scores within the batch by a permutation drawn
+    from `permutation_seed` (the same on every process and after a resume).
     """
-    s = (raw.float() - offset) / scale
+    s = controlled((raw.float() - offset) / scale, control, permutation_seed)
     if missing_eos_penalty is not None:
         s = torch.where(has_eos, s, s - missing_eos_penalty)
     if moments is not None:
@@ -101,6 +107,25 @@ def shape_scores(
         stats["score_clipfrac"] = float((clipped != s).float().mean())
         s = clipped
     return s, stats
+
+
+def control_seed(seed: int, iteration: int) -> int:
+    """The seed of `shuffled_reward`'s permutation at `iteration`: a function of the run's seed and the iteration
+    only, so a resumed run and every process draw the same one, and the training stream is untouched."""
+    return (seed * 1_000_003 + iteration) % 2**63
+
+
+def controlled(s: Tensor, control: str, permutation_seed: int = 0) -> Tensor:
+    """A control arm's scores. Shape: (B,) -> (B,). `none`: `s`; `zero_reward`: zeros; `shuffled_reward`: `s` in the
+    order of a permutation seeded by `permutation_seed` (the scores' spread kept, their link to the replies cut)."""
+    if control == "none":
+        return s
+    if control == "zero_reward":
+        return torch.zeros_like(s)
+    if control == "shuffled_reward":
+        perm = torch.randperm(s.numel(), generator=torch.Generator().manual_seed(permutation_seed))
+        return s[perm.to(s.device)]
+    raise ValueError(f"unknown reward control {control!r}: expected none, zero_reward or shuffled_reward")
 
 
 def rm_offset_prompts(prompts: Sequence[str], n: int, seed: int) -> tuple[list[str], torch.Generator]:

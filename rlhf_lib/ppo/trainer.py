@@ -24,7 +24,7 @@ from rlhf_lib.lm.masked import masked_whiten
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
 from rlhf_lib.ppo.metrics import advantage_stats, response_stats, update_stats
 from rlhf_lib.ppo.setup import PPOSetup
-from rlhf_lib.ppo.shaping import shape_scores, truncate_after_eos
+from rlhf_lib.ppo.shaping import control_seed, shape_scores, truncate_after_eos
 from rlhf_lib.ppo.sharding import gather_rollout
 from rlhf_lib.ppo.types import PPOModels, Rollout
 from rlhf_lib.ppo.update import ppo_epochs
@@ -134,6 +134,7 @@ class PPOTrainer(PPOSetup):
             ro.raw_scores, has_eos, offset=self.rm_offset or 0.0, scale=self.rm_scale,
             missing_eos_penalty=c.missing_eos_penalty,
             moments=self.reward_moments, clip=c.reward_clip,
+            control=c.reward_control, permutation_seed=control_seed(c.seed, self.iteration),
         )
         ro.rewards, reward_stats = compute_rewards(
             ro.scores, ro.logprobs, ro.ref_logprobs, mask, self.kl_ctl.value, c.kl_estimator

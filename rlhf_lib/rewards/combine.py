@@ -47,7 +47,7 @@ def build_text_rewards(sources: Sequence[RewardSource]) -> dict[str, TextReward]
     out: dict[str, TextReward] = {}
     for s in sources:
         if s.kind == "function":
-            out[s.name] = FunctionReward(s.function, s.params, s.describe())
+            out[s.name] = FunctionReward(s.function, s.params, s.describe(), timeout_s=s.timeout_s)
         elif s.kind == "http":
             from rlhf_lib.rewards.http import HttpReward
 

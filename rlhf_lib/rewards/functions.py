@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -47,16 +48,45 @@ def reward_code(sources: Iterable[Any]) -> dict[str, str]:
 
 
 class FunctionReward:
-    """A `TextReward` calling fn(prompts, completions, finished=..., **columns, **params)."""
+    """A `TextReward` calling fn(prompts, completions, finished=..., **columns, **params), at most `timeout_s`
+    seconds a batch."""
 
-    def __init__(self, spec: str, params: dict[str, Any], source: str):
+    def __init__(self, spec: str, params: dict[str, Any], source: str, timeout_s: float = 30.0):
         self.fn, self.params, self.source = import_function(spec, source), dict(params), source
+        self.timeout_s = timeout_s
 
     def __call__(self, batch: TextBatch) -> list[float]:
         try:
-            values = self.fn(batch.prompts, batch.completions, finished=batch.finished, **batch.columns, **self.params)
+            values = call_with_limit(self.timeout_s, self.fn, batch.prompts, batch.completions,
+                                     finished=batch.finished, **batch.columns, **self.params)
+        except TimeoutError:
+            raise RewardError(f"{self.source}: the function took over {self.timeout_s:g} s on a batch of "
+                              f"{len(batch)} (timeout_s)") from None
         except RewardError:
             raise
         except Exception as e:
             raise RewardError(f"{self.source}: the function raised {type(e).__name__}: {e}") from e
         return check_scores(values, len(batch), self.source)
+
+
+def call_with_limit(limit_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a daemon thread, waited for at most `limit_s` seconds: its value, its exception, or
+    TimeoutError. A call past its limit is abandoned, not killed (Python cannot stop a thread): the caller fails with
+    one line and the stuck thread dies with the process. Code that holds the GIL in C (the `re` module) cannot be
+    waited out this way; bounded built-ins (`required_format`'s `regex` timeout) bound themselves."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="reward-function", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        raise TimeoutError(f"over {limit_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -27,12 +27,17 @@ def test_the_keys_that_run_code_are_found():
     assert code_requests(PipelineConfig()) == []
 
 
+def score(prompts, completions, **_):
+    return [0.0] * len(completions)
+
+
 def test_the_host_allow_list_comes_from_its_environment_and_its_file(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_ALLOW_CODE", "model.trust_remote_code, function:a.b:c")
-    (tmp_path / "allow-code.txt").write_text("function:my.mod:*  # all of my.mod\n\n# nothing else\n")
+    (tmp_path / "allow-code.txt").write_text(f"function:{__name__}:*  # all of this module\n\n# nothing else\n")
     allowed = host_allowed(tmp_path)
-    assert {"model.trust_remote_code", "function:a.b:c", "function:my.mod:*"} <= allowed
-    assert is_allowed("function:my.mod:score", allowed) and is_allowed("function:a.b:c", allowed)
+    assert {"model.trust_remote_code", "function:a.b:c", f"function:{__name__}:*"} <= allowed
+    assert is_allowed(f"function:{__name__}:score", allowed) and is_allowed("function:a.b:c", allowed)
+    assert not is_allowed(f"function:{__name__}:pytest", allowed)  # imported here, not defined here
     assert not is_allowed("function:a.b:d", allowed) and not is_allowed("reward.trust_remote_code", allowed)
     assert is_allowed("function:rlhf_lib.rewards.builtin:exact_match", host_allowed(tmp_path / "none"))
 
@@ -62,5 +67,8 @@ def test_an_environment_class_needs_the_hosts_entry_and_the_builtin_does_not(tmp
     assert code_requests(mine) == [("ppo.environment", "environment:my.envs:Shell")]
     with pytest.raises(ConfigError, match=r"ppo.environment \(environment:my.envs:Shell\)"):
         check_deployment_config(mine, tmp_path)
-    (tmp_path / "allow-code.txt").write_text("environment:my.envs:*\n")
-    check_deployment_config(mine, tmp_path)  # the host allowed the module's environments
+    (tmp_path / "allow-code.txt").write_text("environment:my.envs:Shell\n")
+    check_deployment_config(mine, tmp_path)  # the host allowed that environment
+    calc = _cfg(ppo={"environment": "rlhf_lib.envs.calculator:CalculatorEnv", "rewards": [ENV_SOURCE]})
+    (tmp_path / "allow-code.txt").write_text("environment:rlhf_lib.envs.calculator:*\n")
+    check_deployment_config(calc, tmp_path)  # the host allowed the classes that module defines

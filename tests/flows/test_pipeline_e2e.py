@@ -172,6 +172,44 @@ def test_changed_ppo_setting_reruns_ppo_and_eval_only(first):
         assert changed["eval"][key] == first["eval"][key]
 
 
+def test_control_arms_are_cached_siblings_of_ppo_never_registered(first):
+    """eval.controls: the zero-reward and shuffled-reward arms run as PPO's siblings against the cached SFT model and
+    RM, each its own MLflow run and Prefect flow run, logged but not registered; the eval puts PPO's paired lead over
+    each in its metrics and report; a rerun finds every arm in the cache."""
+    from prefect.client.orchestration import get_client
+
+    from flows.pipeline import rlhf
+
+    client = MlflowClient()
+    versions = len(client.search_model_versions("name = 'rlhf-policy'"))
+    overrides = ["eval.controls=[zero_reward, shuffled_reward]"]
+    out = rlhf(config=load_config("micro", None, overrides), pipeline="full")
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "cached", "ppo": "cached",
+                             "ppo-zero_reward": "ran", "ppo-shuffled_reward": "ran", "eval": "ran"}
+    for name in ("zero_reward", "shuffled_reward"):
+        stage = out["stages"][f"ppo-{name}"]
+        run = client.get_run(stage["mlflow_run_id"])
+        assert run.data.tags["rlhf.variant"] == name and run.info.run_name.startswith(f"ppo-{name}-")
+        assert run.data.params["ppo.reward_control"] == name and stage.get("model_uri") is None
+        assert client.search_model_versions(f"run_id = '{run.info.run_id}'") == []
+        for key in (f"gold_lead_over_{name}", f"reward_lead_over_{name}", f"win_rate_vs_{name}",
+                    f"{name}_gold_reward_mean", f"{name}_kl_to_ref"):
+            assert out["eval"][key] is not None and len(out["eval"][f"{key}_ci95"]) == 2, key
+    assert len(client.search_model_versions("name = 'rlhf-policy'")) == versions  # nothing registered
+    # The zero-reward arm logged the RM's real score (its dashboard) but trained on 0: its shaped score is the EOS
+    # penalty's alone.
+    zero = client.get_run(out["stages"]["ppo-zero_reward"]["mlflow_run_id"]).data.metrics
+    assert "objective/score_raw" in zero
+    html = Path(mlflow.artifacts.download_artifacts(run_id=out["stages"]["eval"]["mlflow_run_id"],
+                                                    artifact_path="report/report.html")).read_text()
+    assert "zero-reward control" in html and "shuffled-reward control" in html
+    with get_client(sync_client=True) as prefect:
+        names = {r.name for r in prefect.read_flow_runs()}
+    assert {"ppo-zero_reward-micro", "ppo-shuffled_reward-micro"} <= names
+    again = rlhf(config=load_config("micro", None, overrides), pipeline="full")
+    assert set(statuses(again).values()) == {"cached"} and again["eval"] == out["eval"]
+
+
 def test_deleted_artifact_is_a_miss_not_a_stale_hit(first):
     from flows.pipeline import rlhf
     from stages.artifact_cache import download

@@ -84,10 +84,24 @@ def test_the_judge_pairs_cap_is_an_eval_key_only_when_set():
     from rlhf_lib.config.stages import EvalConfig
 
     assert "judge_pairs" not in EvalConfig().key() and EvalConfig().key() == EvalConfig().model_dump(
-        exclude={"judge_pairs", "judge"})
+        exclude={"judge_pairs", "judge", "controls"})
     assert EvalConfig(judge_pairs=128).key()["judge_pairs"] == 128
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         EvalConfig(judge_pairs=0)
+
+
+def test_control_arms_join_the_keys_only_when_asked():
+    """eval.controls and ppo.reward_control are in the eval and PPO keys only when set, so runs without controls keep
+    the keys they had; an unknown control is refused."""
+    from rlhf_lib.config import PPOConfig
+    from rlhf_lib.config.stages import EvalConfig
+
+    assert "controls" not in EvalConfig().key()
+    assert EvalConfig(controls=["zero_reward"]).key()["controls"] == ["zero_reward"]
+    assert "reward_control" not in PPOConfig().key()
+    assert PPOConfig(reward_control="shuffled_reward").key()["reward_control"] == "shuffled_reward"
+    with pytest.raises(ValidationError, match="zero_reward"):
+        EvalConfig(controls=["no_reward"])
 
 
 def test_an_eval_judge_is_any_source_but_an_environment_and_names_its_model():

@@ -151,3 +151,48 @@ def test_a_memo_serves_the_sft_side_and_the_policy_is_sampled_afresh(tiny_tokeni
     assert [fresh.metrics[k] for k in sft_keys] != [first.metrics[k] for k in sft_keys]  # the memo mattered
     assert served.metrics["reward_mean"] == first.metrics["reward_mean"]  # the same policy, the same seed
     assert served.metrics["kl_to_ref"] != first.metrics["kl_to_ref"]  # its KL is to the moved model: not memoised
+
+
+def test_ppo_against_a_control_arm_is_paired_prompt_by_prompt():
+    """`versus`: PPO [2, 0, 1] against a control [1, 1, 1] on the same prompts, gold PPO [1, 0, 2], control [0, 1, 0],
+    SFT [0, 0, 0]. Hand-computed: reward lead (1 - 1 + 0) / 3 = 0; gold lead (1 - 1 + 2) / 3 = 2/3; the judge's win
+    rate of PPO over the control (1 + 0 + 1) / 3; the control's over SFT (0.5 + 1 + 0.5) / 3."""
+    from rlhf_lib.eval import versus
+
+    pol, arm, sft = gens([2.0, 0.0, 1.0], gold=[1.0, 0.0, 2.0]), gens([1.0, 1.0, 1.0], gold=[0.0, 1.0, 0.0]), \
+        gens([0.0, 0.0, 0.0], gold=[0.0, 0.0, 0.0])
+    rows = versus(pol, arm, sft, "zero_reward")
+    mean = {k: sum(v) / len(v) for k, v in rows.items()}
+    assert mean["reward_lead_over_zero_reward"] == pytest.approx(0.0)
+    assert mean["gold_lead_over_zero_reward"] == pytest.approx(2 / 3)
+    assert mean["win_rate_vs_zero_reward"] == pytest.approx(2 / 3)
+    assert mean["rm_win_rate_vs_zero_reward"] == pytest.approx(0.5)  # win, loss, tie
+    assert mean["zero_reward_win_rate_vs_sft"] == pytest.approx(2 / 3)
+    assert mean["zero_reward_gold_reward_mean"] == pytest.approx(1 / 3)
+    assert mean["zero_reward_reward_mean"] == 1.0 and mean["zero_reward_response_length_mean"] == 4.0
+    no_judge = versus(gens([2.0, 0.0]), gens([1.0, 1.0]), gens([0.0, 0.0]), "shuffled_reward")
+    assert "gold_lead_over_shuffled_reward" not in no_judge and no_judge["reward_lead_over_shuffled_reward"] == [1, -1]
+
+
+def test_a_control_arms_sources_are_compared_one_by_one():
+    from rlhf_lib.eval import versus
+
+    pol, arm = gens([1.0, 1.0]), gens([0.0, 1.0])
+    pol.parts = {"rm": torch.tensor([0.5, 0.5]), "exact": torch.tensor([1.0, 0.0])}
+    arm.parts = {"rm": torch.tensor([0.0, 0.5]), "exact": torch.tensor([0.0, 1.0])}
+    rows = versus(pol, arm, gens([0.0, 0.0]), "zero_reward")
+    assert rows["reward_exact_lead_over_zero_reward"] == [1.0, -1.0]
+    assert rows["reward_rm_lead_over_zero_reward"] == [0.5, 0.0]
+
+
+def test_best_of_n_ranks_by_the_score_ppo_is_shaped_with():
+    """With PPO's missing-EOS penalty 1, a reply scored 2.5 without EOS ranks below one scored 2 with it; without
+    the penalty it ranks above."""
+    from rlhf_lib.eval_best_of import shaped_pick_scores
+
+    scores = torch.tensor([[2.0, 2.5], [1.0, 0.0]])
+    has_eos = torch.tensor([[True, False], [False, True]])
+    assert shaped_pick_scores(scores, has_eos, 1.0).tolist() == [[2.0, 1.5], [0.0, 0.0]]
+    assert shaped_pick_scores(scores, has_eos, 1.0).argmax(1).tolist() == [0, 0]  # the first of equals
+    assert shaped_pick_scores(scores, has_eos, None).argmax(1).tolist() == [1, 0]
+    assert shaped_pick_scores(scores, has_eos, 0.0) is scores

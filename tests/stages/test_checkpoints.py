@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.events import Checkpoint, Resumed
 from rlhf_lib.ppo.loop import PPOJob
-from stages import artifact_cache, ppo
+from stages import artifact_cache, ppo, ppo_sink
 from stages.tracking import StageRun, setup_mlflow
 
 KEY = "k" * 24
@@ -23,6 +23,7 @@ KEY = "k" * 24
 def exp_id(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHF_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(ppo, "get_run_logger", lambda: logging.getLogger("test"))
+    monkeypatch.setattr(ppo_sink, "get_run_logger", lambda: logging.getLogger("test"))
     return setup_mlflow()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf_lib.demo_task import make_prompt
-from stages.eval import by_topic_group
+from stages.eval_demo import by_topic_group
 
 
 def test_gold_by_topic_group() -> None:

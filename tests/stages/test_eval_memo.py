@@ -54,21 +54,21 @@ def test_another_key_seed_or_prompt_list_samples_again(tmp_path, key, seed, prom
 
 
 def test_refresh_samples_again_and_replaces_the_entry(tmp_path):
-    SftMemo("k", root=tmp_path)(7, ["p"], Counter(gens()))
+    SftMemo("k", root=tmp_path)(7, ["p", "q"], Counter(gens()))
     make = Counter(gens(scale=2.0))
-    assert same(SftMemo("k", refresh=True, root=tmp_path)(7, ["p"], make), gens(scale=2.0)) and make.calls == 1
-    assert same(SftMemo("k", root=tmp_path)(7, ["p"], Counter(gens())), gens(scale=2.0))
+    assert same(SftMemo("k", refresh=True, root=tmp_path)(7, ["p", "q"], make), gens(scale=2.0)) and make.calls == 1
+    assert same(SftMemo("k", root=tmp_path)(7, ["p", "q"], Counter(gens())), gens(scale=2.0))
 
 
 def test_a_damaged_entry_is_sampled_again_with_a_warning(tmp_path, caplog):
     memo = SftMemo("k", root=tmp_path)
-    memo.path(7, ["p"]).parent.mkdir(parents=True, exist_ok=True)
-    memo.path(7, ["p"]).write_bytes(b"half a pickle")
+    memo.path(7, ["p", "q"]).parent.mkdir(parents=True, exist_ok=True)
+    memo.path(7, ["p", "q"]).write_bytes(b"half a pickle")
     make = Counter(gens())
     with caplog.at_level(logging.WARNING, logger="stages.eval_memo"):
-        assert same(memo(7, ["p"], make), gens()) and make.calls == 1
-    assert str(memo.path(7, ["p"])) in caplog.text and "sampling again" in caplog.text
-    assert same(SftMemo("k", root=tmp_path)(7, ["p"], Counter(gens(scale=2.0))), gens())
+        assert same(memo(7, ["p", "q"], make), gens()) and make.calls == 1
+    assert str(memo.path(7, ["p", "q"])) in caplog.text and "sampling again" in caplog.text
+    assert same(SftMemo("k", root=tmp_path)(7, ["p", "q"], Counter(gens(scale=2.0))), gens())
 
 
 def test_a_failed_sampling_leaves_no_entry(tmp_path):
@@ -98,3 +98,27 @@ def test_the_key_follows_the_sft_side_not_the_policy_or_what_is_compared():
     assert key(ppo="p2") == base  # a sweep of PPO settings shares the SFT side
     assert key({"best_of": [4, 16], "best_of_prompts": 8, "samples_in_report": 2, "max_prompts": 9}) == base
     assert len({base, key(reward="r2"), key(device="cuda:0"), key(frozen="bfloat16"), key(temperature=1.0)}) == 5
+
+
+@pytest.mark.parametrize("forge", [
+    lambda g: {**g, "texts": g["texts"][:1]},  # a reply short
+    lambda g: {**g, "scores": torch.tensor([0.5, float("inf")])},  # a score that is not finite
+    lambda g: {**g, "scores": "0.5, -1.0"},  # a string for a tensor
+    lambda g: {**g, "has_eos": torch.tensor([1.0, 0.0])},  # not a bool tensor
+    lambda g: {**g, "gold": [0.25, "1.0"]},
+    lambda g: {**g, "parts": {"rm": torch.tensor([0.5])}},
+    lambda g: {**g, "terms": {"length": [1.0, float("nan")]}},
+])
+def test_a_forged_entry_that_loads_is_checked_field_by_field_and_sampled_again(tmp_path, caplog, forge):
+    """An entry that `torch.load(weights_only=True)` reads but that `generate_and_score` could not have written for
+    these prompts (wrong lengths, a string for a tensor, a score that is not finite) would fake the SFT baseline: it
+    is sampled again with a warning naming the field."""
+    import dataclasses
+
+    memo = SftMemo("k", root=tmp_path)
+    memo.path(7, ["p", "q"]).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(forge(dataclasses.asdict(gens())), memo.path(7, ["p", "q"]))
+    make = Counter(gens(scale=2.0))
+    with caplog.at_level(logging.WARNING, logger="stages.eval_memo"):
+        assert same(memo(7, ["p", "q"], make), gens(scale=2.0)) and make.calls == 1
+    assert "sampling again" in caplog.text

@@ -75,3 +75,44 @@ def test_shape_scores_clip_counts_what_it_changed():
     assert s.tolist() == [-1.0, 0.5, 1.0, 1.0]
     assert stats["score_clipfrac"] == 0.5
     assert all(math.isfinite(v) for v in s.tolist())
+
+
+def test_the_zero_reward_control_keeps_only_the_shaping():
+    """ppo.reward_control=zero_reward: every normalised score is 0 (the SFT samples' mean after the offset), then the
+    missing-EOS penalty acts as in the real run: raw [1, 2, 3], offset 2 -> 0, 0 - 1, 0."""
+    raw, has_eos = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False, True])
+    s, _ = shape_scores(raw, has_eos, offset=2.0, missing_eos_penalty=1.0, control="zero_reward")
+    assert s.tolist() == [0.0, -1.0, 0.0]
+    s, _ = shape_scores(raw, has_eos, offset=2.0, control="zero_reward")
+    assert s.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_shuffled_reward_control_permutes_the_normalised_scores_before_the_penalty():
+    """shuffled_reward: (raw - offset) / scale permuted by the seeded permutation, then the EOS penalty on the rows
+    that have no EOS (the penalty stays with its reply). raw [1, 2, 3, 4], offset 1 -> [0, 1, 2, 3]."""
+    from rlhf_lib.ppo.shaping import control_seed, controlled
+
+    raw, has_eos = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([True, False, True, True])
+    seed = control_seed(0, 3)
+    perm = torch.randperm(4, generator=torch.Generator().manual_seed(seed)).tolist()
+    s, _ = shape_scores(raw, has_eos, offset=1.0, missing_eos_penalty=0.5, control="shuffled_reward",
+                        permutation_seed=seed)
+    expected = [float(perm[i]) - (0.5 if i == 1 else 0.0) for i in range(4)]
+    assert s.tolist() == expected
+    again, _ = shape_scores(raw, has_eos, offset=1.0, missing_eos_penalty=0.5, control="shuffled_reward",
+                            permutation_seed=seed)
+    assert again.tolist() == expected  # a resumed run and every process draw the same permutation
+    assert sorted(controlled(torch.tensor([0.0, 1.0, 2.0, 3.0]), "shuffled_reward", seed).tolist()) == [0, 1, 2, 3]
+    # Different iterations draw different permutations (for some iteration of the first few).
+    assert len({tuple(controlled(torch.arange(8.0), "shuffled_reward", control_seed(0, i)).tolist())
+                for i in range(5)}) > 1
+    assert control_seed(0, 3) != control_seed(1, 3)
+
+
+def test_no_control_is_the_identity_and_an_unknown_one_is_refused():
+    from rlhf_lib.ppo.shaping import controlled
+
+    x = torch.tensor([0.3, -1.0])
+    assert controlled(x, "none") is x
+    with pytest.raises(ValueError, match="unknown reward control 'flip'"):
+        controlled(x, "flip")
