@@ -68,6 +68,7 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
         rows[f"best_of_{n}_reward_mean"] = kept.tolist()
         rows[f"best_of_{n}_response_length_mean"] = lengths[rows_idx, pick].tolist()
         rows[f"rm_win_rate_vs_best_of_{n}"] = win_indicators(policy.scores[:m], kept).tolist()
+        rows[f"reward_lead_over_best_of_{n}"] = (policy.scores[:m] - kept).tolist()  # paired: the same prompts
         if gold is not None and policy.gold is not None:
             kept_gold, pol_gold = gold[rows_idx, pick], torch.tensor(policy.gold[:m], dtype=torch.float32)
             rows[f"best_of_{n}_gold_mean"] = kept_gold.tolist()

@@ -193,8 +193,10 @@ EVAL = (
        "task) and length on those prompts", "gold falling as n grows: the RM is being over-optimised already"),
     _m("eval/best_of_<n>_kl", "the KL of the best-of-n policy to SFT, log n - (n-1)/n nats: compare with "
        "eval/kl_to_ref"),
-    _m("eval/gold_lead_over_best_of_<n> eval/win_rate_vs_best_of_<n> eval/rm_win_rate_vs_best_of_<n>",
-       "PPO against best-of-n on the same prompts: its gold lead (mean of the per-prompt difference) and win rates "
+    _m("eval/gold_lead_over_best_of_<n> eval/reward_lead_over_best_of_<n> eval/win_rate_vs_best_of_<n> "
+       "eval/rm_win_rate_vs_best_of_<n>",
+       "PPO against best-of-n on the same prompts: its gold lead and its lead in the reward sources' sum (means of "
+       "the per-prompt differences: with an exact-match reward, accuracy against an oracle best-of-n) and win rates "
        "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
        "its KL than sampling and reranking"),
     _m("eval/<control>_reward_mean eval/<control>_gold_reward_mean eval/<control>_kl_to_ref "

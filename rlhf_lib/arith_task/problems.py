@@ -5,16 +5,18 @@ reads both alike; the right answer is stored next to it (the prompt files' "answ
 reward.
 
 The split is over operand RANGES: the tens digits (ta, tb) of the two operands name one of 81 blocks of 10 x 10
-problems (30-39 + 60-69 is one block), and 9 blocks, a diagonal of the 9 x 9 square, are held out. Every tens
-digit still appears in training in both places, with 8 of its 9 partners, so eval asks for range combinations the
+problems (30-39 + 60-69 is one block), and 18 blocks are held out: the diagonal tb = ta + 3 (cyclically) and its
+mirror ta = tb + 3, so a held-out problem's twin in the other order (48 + 37 for 37 + 48) is held out with it. Every
+tens digit still appears in training in both places, with 7 of its 9 partners, so eval asks for range combinations the
 model never saw, made of digits it knows; generalising needs the digit-wise algorithm, not a memorised table. The
 split does not depend on the seed, so eval sets of different seeds are comparable.
 
 `data.operands` "2+1" asks a two-digit number plus a one-digit one ("What is 47 + 6?", for a pretrained model that
 reads the prompt through its chat template): a block is (tens digit of a, b), 81 blocks of 10 problems, and three
-diagonals (27 blocks, 270 problems) are held out so that eval has as many distinct problems to ask. "1+1" asks two
-one-digit numbers ("What is 7 + 8?", where SmolLM2-135M-Instruct starts between 0.1 and 0.6): a block is one problem
-(a, b), and the same three diagonals hold out 27 of the 81.
+diagonals (27 blocks, 270 problems) are held out so that eval has as many distinct problems to ask (no problem has a
+twin: the one-digit operand never comes first). "1+1" asks two one-digit numbers ("What is 7 + 8?", where
+SmolLM2-135M-Instruct starts between 0.1 and 0.6): a block is one problem (a, b); the unordered pairs {a, a + 3}
+(both orders) and every problem whose sum is 10 (a band of sums training never answers) are held out, 25 of 81.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from dataclasses import dataclass
 LOW, HIGH = 10, 99  # both operands have exactly two digits: one layout (2 + 2 digits) for a tiny model to learn
 TENS = range(LOW // 10, HIGH // 10 + 1)  # 1..9
 SHIFT = 3  # the held-out diagonal: see held_out_blocks
-# data.operands -> (range of a, range of b, the diagonals held out, as shifts of tb against ta)
-OPERANDS: dict[str, tuple[range, range, tuple[int, ...]]] = {
-    "2+2": (range(LOW, HIGH + 1), range(LOW, HIGH + 1), (SHIFT,)),
-    "2+1": (range(LOW, HIGH + 1), range(1, 10), (SHIFT, 5, 7)),
-    "1+1": (range(1, 10), range(1, 10), (SHIFT, 5, 7)),
+# data.operands -> (range of a, range of b, the diagonals held out as shifts of tb against ta, the sums held out).
+# Where a and b share a range every held-out diagonal comes with its mirror (shift 9 - s), so no held-out problem's
+# twin in the other order is trained on.
+OPERANDS: dict[str, tuple[range, range, tuple[int, ...], frozenset[int]]] = {
+    "2+2": (range(LOW, HIGH + 1), range(LOW, HIGH + 1), (SHIFT, len(TENS) - SHIFT), frozenset()),
+    "2+1": (range(LOW, HIGH + 1), range(1, 10), (SHIFT, 5, 7), frozenset()),
+    "1+1": (range(1, 10), range(1, 10), (SHIFT, len(TENS) - SHIFT), frozenset({10})),
 }
 _PROMPT = "\n\nHuman: What is {a} + {b}?\n\nAssistant:"
 _PARSE = re.compile(r"What is (\d+) \+ (\d+)\?")
@@ -64,24 +68,29 @@ class Problem:
 
 
 def held_out_blocks(operands: str = "2+2") -> frozenset[Block]:
-    """The 9 of 81 operand-range blocks (11%) reserved for eval: tb = ta + 3, cyclically over the tens digits 1..9.
+    """The operand-range blocks reserved for eval ("2+2": 18 of 81): tb = ta + 3 cyclically over the tens digits
+    1..9, and its mirror tb = ta + 6 (= ta - 3).
 
-    (1, 4), (2, 5), ..., (6, 9), (7, 1), (8, 2), (9, 3): one block per row and per column (a Latin-square diagonal),
-    so every tens digit is held out once as the first operand's and once as the second's, and keeps 8 partners in
-    training either way. Every tens-digit sum of a held-out block (5..15) also comes from training blocks, so the
-    answers' hundreds and tens digits follow patterns seen in training; the unshifted diagonal would hold out
-    (9, 9), the only block whose answers reach 189-198. A held-out block's mirror (4, 1) is trained on: the same
-    sums, asked in the other order, which a model does not know to be the same question.
+    (1, 4), (2, 5), ..., (7, 1), (8, 2), (9, 3) and (4, 1), (5, 2), ..., (3, 9): two blocks per row and per column,
+    so every tens digit is held out twice as the first operand's and twice as the second's, and keeps 7 partners in
+    training either way. A held-out block's mirror is held out too: the same sums asked in the other order are not
+    a twin the model trained on. Every tens-digit sum of a held-out block (5..15) also comes from training blocks, so
+    the answers' hundreds and tens digits follow patterns seen in training; the unshifted diagonal would hold out
+    (9, 9), the only block whose answers reach 189-198.
     """
     return frozenset((ta, (ta - 1 + shift) % len(TENS) + 1) for shift in OPERANDS[operands][2] for ta in TENS)
 
 
-def problems(held_out: bool, operands: str = "2+2") -> list[Problem]:
-    """Every problem of the held-out blocks (`held_out=True`; "2+2": 900, "2+1": 270, "1+1": 27) or of the training
-    blocks ("2+2": 7,200, "2+1": 540, "1+1": 54), sorted."""
-    blocks = held_out_blocks(operands)
-    a_range, b_range, _ = OPERANDS[operands]
-    return [p for a in a_range for b in b_range if ((p := Problem(a, b)).block in blocks) == held_out]
+def held_out(problem: Problem, operands: str = "2+2") -> bool:
+    """Whether `problem` is an eval problem: its block is held out, or its sum is in the held-out band."""
+    return problem.block in held_out_blocks(operands) or problem.answer in OPERANDS[operands][3]
+
+
+def problems(evaluation: bool, operands: str = "2+2") -> list[Problem]:
+    """Every eval problem (`evaluation=True`; "2+2": 1,800, "2+1": 270, "1+1": 25) or every training problem
+    ("2+2": 6,300, "2+1": 540, "1+1": 56), sorted: `held_out` splits them."""
+    a_range, b_range, _, _ = OPERANDS[operands]
+    return [p for a in a_range for b in b_range if held_out(p := Problem(a, b), operands) == evaluation]
 
 
 def with_instruction(prompt: str, instruction: str | None) -> str:

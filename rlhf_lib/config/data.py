@@ -60,8 +60,8 @@ class DataConfig(Section):
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
     operands: Literal["2+2", "2+1", "1+1"] = Field(
         "2+2", description="Arithmetic task: digits of the two operands, \"2+2\" (\"What is 37 + 48?\"), \"2+1\" "
-        "(\"What is 47 + 6?\", 270 held-out problems) or \"1+1\" (\"What is 7 + 8?\", 27 held-out problems of 81; "
-        "rlhf_lib/arith_task/problems.py).")
+        "(\"What is 47 + 6?\", 270 held-out problems) or \"1+1\" (\"What is 7 + 8?\", 25 held-out problems of 81: "
+        "the unordered pairs {a, a + 3} and every sum of 10; rlhf_lib/arith_task/problems.py).")
     instruction: str | None = Field(
         None, max_length=500, description="Arithmetic task: text after every question, e.g. \"Answer with the number "
         "only.\" (\"What is 7 + 8? Answer with the number only.\"). Null = the question alone.")

@@ -119,6 +119,33 @@ def test_a_deployment_run_may_name_code_only_where_the_host_allows_it(served):
     (state / "allow-code.txt").unlink()
 
 
+def test_a_deployment_run_reads_only_under_the_hosts_roots(served, tmp_path):
+    """Issue 55's experiments through `prefect deployment run`: `data.sft=text` with `data.hub_data_dir=<a folder>`
+    (datasets' text builder read every file of it into the SFT artifact), a model or SFT URI naming a worker path, a
+    preset that is a path: each is refused before any stage, naming the key, and no pipeline run reaches MLflow."""
+    state, env = served
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "credentials").write_text("aws_secret_access_key = AKIAFAKEFAKEFAKE\n")
+    (tmp_path / "evil.yaml").write_text("name: evil\n")
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rlhf").experiment_id
+    before = len(client.search_runs([exp]))
+    data = {"preferences": "json", "sft": "text", "prompts": "text", "hub_data_dir": str(secret)}
+    cases = [(f"rlhf/sft --param 'config={json.dumps({'data': data})}'", "data.sft='text'"),
+             (f"rlhf/sft --param 'config={json.dumps({'model': {'name_or_path': str(secret)}})}'",
+              "model.name_or_path="),
+             (f"rlhf/ppo --param sft_model=file://{secret}", "sft_model='file://"),
+             (f"rlhf/sft --param preset={tmp_path / 'evil'}", "unknown preset")]
+    for args, named in cases:
+        out = _prefect(env, f"prefect deployment run {args} --watch")
+        assert out.returncode != 0, out.stdout[-2000:]
+        kind, message = _last_flow_run_state(env)
+        assert kind == "FAILED" and named in message, message
+    assert len(client.search_runs([exp])) == before  # refused before the pipeline's MLflow run exists
+    assert "AKIAFAKE" not in "".join(p.read_text(errors="replace") for p in state.rglob("*.jsonl"))
+
+
 def test_the_demo_ends_with_its_figures_and_where_to_look(served):
     """`make demo`'s last lines (`cli.demo.run_demo`, here on the micro preset): the short table of held-out
     figures with intervals, the report's local path (a file that exists) and its MLflow page, the MLflow run, the

@@ -1,21 +1,31 @@
-"""RLHF learns, end to end: on the micro preset plus the overrides in `LEARN`, the PPO policy scores higher than
-the SFT model under the hidden gold judge on held-out prompts, on two seeds. Behaviour only: seeded, no wall-time
-bound.
+"""RLHF learns, end to end, beyond what its shaping alone teaches: on the demo preset made smaller by `LEARN`, the
+PPO policy's gold score on held-out prompts beats its zero-reward control's (the same PPO run, seed and budget with
+the reward model's score replaced by 0, so that only the missing-EOS penalty and the KL penalty act), paired prompt by
+prompt with the interval above 0, on two seeds. Behaviour only: seeded, no wall-time bound.
 
-The micro preset itself cannot learn; it checks wiring. Its 1-layer, 32-wide model after 3 SFT steps never emits
-EOS, its 12-token responses are always cut, and a reward model of that size orders only ~0.6 of held-out pairs: with
-longer SFT, RM and PPO runs but micro's model, PPO hacks the proxy (measured: RM win rate 1.0, gold -1.06 vs -0.81
-for SFT). The overrides give SFT enough steps to write whole answers that end, a 2-layer, 64-wide model, 4x the
-ranked lists, and a KL penalty that keeps PPO near what the reward model knows. With 8 SFT epochs instead of 12, one
-seed of three wrote responses that ran to the 32-token limit (SFT length 31.8, PPO's win rate 0.53).
+Why a control and not SFT: the previous form of this test (micro's model and RM, PPO against SFT) passed with a reward
+that was always 0 (issue 54): the missing-EOS penalty alone taught the policy to stop early ("Happy to help!"), which
+gold scores above SFT's cut-off replies. Measured on the validation split (`--set data.heldout=validation`, the
+control arm `eval.controls=[zero_reward]`, 2026-12-07; no test figure was read while choosing):
 
-The margins come from the measured spread on the demo's test split, which since issue 37 holds topics no training
-file names (`rlhf run full --preset micro <LEARN> --seeds 0,1,2`, 2026-12-06): gold gain over SFT 0.43, 0.22, 0.76
-(mean 0.47, sd 0.27); win rate 0.719, 0.656, 0.984 (mean 0.79, sd 0.17). On the old split (only new asks of trained
-topics) they were 0.80 / 0.61 / 0.59 and 0.891 / 0.906 / 0.844, and each seed had to clear the mean minus three
-standard deviations. Here that bound is below zero, so the test asks what a learning pipeline must show on every
-seed: a gold gain above 0.1 and a win rate above 0.6 (seed 1, the weakest of the two tested, clears them by 0.12 and
-0.056).
+| settings | seed | PPO gold | control gold | PPO - control [95 %] |
+| --- | --- | --- | --- | --- |
+| micro + the old overrides (RM held-out accuracy 0.63-0.66) | 0 / 1 | 0.17 / -0.27 | 0.17 / -0.17 | +0.00 [-0.04, 0.05] / -0.10 [-0.36, 0.17] |
+| the same, missing_eos_penalty off | 0 / 1 | 0.17 / -0.59 | 0.04 / -0.34 | +0.13 [0.04, 0.22] / -0.25 [-0.43, -0.08] |
+| the same, rm_unit_std | 0 / 1 | -0.07 / -0.46 | 0.17 / -0.17 | -0.24 / -0.30, both intervals below 0 |
+| the same with the demo's RM data (twins, K = 6, 3 epochs) | 0 / 1 | 0.18 / 0.02 | 0.11 / -0.04 | +0.07 [0.00, 0.15] / +0.06 [-0.11, 0.22] |
+| the demo preset (RM 0.85) | 0 / 1 | 0.72 / 0.73 | 0.12 / 0.07 | +0.60 [0.47, 0.73] / +0.66 [0.55, 0.77] |
+| the demo preset with `LEARN` (this test) | 0 / 1 | see LEARN_FIGURES | | |
+
+A micro-sized RM (2 x 64) orders 0.63-0.69 of the held-out pairs, below the n-gram baseline: PPO against it learns
+little beyond the shaping, and the control keeps up. The demo's RM (2 x 128, topic and loop twins in its ranked lists)
+orders 0.85, and PPO's lead over the control is large; `LEARN` keeps that model and data design at half the prompts
+and PPO batch, so the test costs minutes, not the demo's ten.
+
+The test fails when the reward does not matter: with the reward zeroed (`ppo.reward_control=zero_reward` on the PPO
+run, or a function reward that is always 0) PPO and the control train alike and the lead's interval covers 0; with
+the advantages' sign flipped PPO walks away from what the RM prefers. Both were run (benchmarks/RESULTS.md, "Control
+arms").
 """
 
 from __future__ import annotations
@@ -23,35 +33,26 @@ from __future__ import annotations
 from cli.main import load_config
 
 LEARN = [
-    "data.n_train_prompts=256",  # more demonstrations than micro's 48
-    "data.ranked_per_prompt=4",  # 1024 ranked lists for the reward model
-    "data.n_eval_prompts=32",  # a gold mean over 32 held-out responses, not 8
-    "model.n_layer=2",
-    "model.n_head=4",
-    "model.n_embd=64",
-    "sft.epochs=12",
-    "sft.lr=0.003",  # enough SFT steps to write whole responses and EOS
-    "reward.epochs=2",
-    "reward.lr=0.002",
-    "ppo.iterations=30",
-    "ppo.batch_size=32",
-    "ppo.minibatches=4",
-    "ppo.lr=0.0005",
-    "ppo.kl_coef=0.1",  # twice the default: a weak reward model is hacked quickly without it
-    "ppo.missing_eos_penalty=1.0",  # a response cut at max_new_tokens scores 1 lower (the judge also dislikes it)
-    "ppo.max_new_tokens=32",  # a good response (~28 tokens) fits and can end
-    "ppo.sample_every=10",
-    "eval.max_new_tokens=32",
-    "eval.best_of=[4]",  # the default [4, 16] samples 16 replies of each eval prompt; the test reads no best-of
+    "data.n_train_prompts=256",  # half the demo's: SFT and the RM in half the time
+    "data.eval_pairs_per_prompt=2",  # the demo's 304 eval prompts (4 passes over the held-out ones) kept
+    "ppo.batch_size=32",  # half the demo's rollouts, the same 40 iterations
+    "eval.controls=[zero_reward]",  # the control arm: PPO with the RM's score replaced by 0
+    "eval.best_of=[4]",
+    "eval.best_of_prompts=16",
+    "eval.constant_reply_prompts=0",  # the test reads no best-of or constant reply
 ]
+SEEDS = [0, 1]
 
 
-def test_ppo_beats_sft_under_the_gold_judge_on_two_seeds(home):
+def test_ppo_beats_its_zero_reward_control_under_the_gold_judge_on_two_seeds(home):
     from cli.seeds import run_seeds
     from flows.pipeline import rlhf
 
-    result = run_seeds(load_config("micro", None, LEARN), [0, 1], lambda cfg: rlhf(config=cfg, pipeline="full"))
+    result = run_seeds(load_config("demo", None, LEARN), SEEDS, lambda cfg: rlhf(config=cfg, pipeline="full"))
     for seed, summary in result["seeds"].items():
         ev = summary["eval"]
-        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"] + 0.1, (seed, ev)
-        assert ev["win_rate_vs_sft"] > 0.6, (seed, ev)
+        low, high = ev["gold_lead_over_zero_reward_ci95"]
+        figures = {k: ev[k] for k in ("gold_reward_mean", "zero_reward_gold_reward_mean", "gold_reward_mean_sft",
+                                      "gold_lead_over_zero_reward", "kl_to_ref", "zero_reward_kl_to_ref")}
+        assert low > 0, (seed, figures, (low, high))  # what the reward taught beyond the shaping
+        assert ev["gold_reward_mean"] > ev["gold_reward_mean_sft"], (seed, figures)

@@ -41,7 +41,9 @@ def test_rl_from_a_pretrained_chat_model_on_the_arithmetic_task(home, pretrained
     out = rlhf(config=load_config("smollm2-arith", None, [f"model.name_or_path={pretrained}", *MICRO]),
                pipeline="full")
     assert {k: v["status"] for k, v in out["stages"].items()} == {
-        "data": "ran", "sft": "ran", "reward": "skipped", "ppo": "ran", "eval": "ran"}
+        "data": "ran", "sft": "ran", "reward": "skipped", "ppo": "ran", "ppo-zero_reward": "ran", "eval": "ran"}
+    # The preset's zero-reward control: the exact-match reward replaced by 0, compared prompt by prompt.
+    assert out["eval"]["reward_lead_over_zero_reward"] is not None
     client = MlflowClient()
     data_run = client.get_run(out["stages"]["data"]["mlflow_run_id"])
     assert data_run.data.tags["rlhf.data.rendering"] == "chat_template"

@@ -232,3 +232,27 @@ def test_an_engine_samples_the_policy_recomputes_the_logprobs_and_weights_follow
     assert engine.synced >= 1
     for a, b in zip(engine.copy.parameters(), trainer.models.policy.parameters(), strict=True):
         assert torch.equal(a, b)  # the engine samples from the updated policy
+
+
+@pytest.mark.parametrize("control", ["zero_reward", "shuffled_reward"])
+def test_a_control_arm_trains_on_the_controlled_score_and_logs_the_real_one(tiny_tokenizer, tiny_policy, control):
+    """ppo.reward_control: the RM still scores every reply (its raw score is the dashboard's `objective/score_raw`),
+    but the score on the last token is 0 plus the missing-EOS penalty (zero_reward), or the normalised scores in
+    the seeded permuted order (shuffled_reward)."""
+    from rlhf_lib.lm.generation import ends_with_eos
+    from rlhf_lib.ppo.shaping import control_seed
+
+    cfg = CFG.model_copy(update={"reward_control": control, "missing_eos_penalty": 0.5})
+    trainer = _make(tiny_tokenizer, tiny_policy, cfg)
+    ro, stats = trainer.step()
+    has_eos = ends_with_eos(ro.response, ro.response_mask, tiny_tokenizer.eos_token_id)
+    penalty = torch.where(has_eos, 0.0, -0.5)
+    normalised = ro.raw_scores - trainer.rm_offset
+    if control == "zero_reward":
+        expected = penalty
+    else:
+        perm = torch.randperm(len(normalised), generator=torch.Generator().manual_seed(control_seed(CFG.seed, 0)))
+        expected = normalised[perm] + penalty
+    assert torch.allclose(ro.scores, expected, atol=1e-6)
+    assert stats["objective/score_raw"] == pytest.approx(float(ro.raw_scores.mean()))
+    assert float(ro.raw_scores.std()) > 0  # the RM did score the replies
