@@ -77,16 +77,30 @@ def fmt(ev: dict, key: str) -> str:
     return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def table_args(doc: str, estimators: str) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments of a learning table's command (this one, chain_table.py), and its `--set`s as CLI words."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--estimators", default="gae,grpo")
+    ap.add_argument("--estimators", default=estimators)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--home", type=Path, default=Path.home() / ".rlhf")
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     args.home.mkdir(parents=True, exist_ok=True)
-    sets = [x for s in args.sets for x in ("--set", s)]
+    return args, [x for s in args.sets for x in ("--set", s)]
+
+
+def print_table(head: list[str], rows: list[list[str]], record: dict, out: Path | None) -> None:
+    """The table in markdown on stdout, and the record as JSON at `out` when given."""
+    print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    if out:
+        out.write_text(json.dumps(record, indent=1))
+
+
+def main() -> None:
+    args, sets = table_args(__doc__, "gae,grpo")
     rows, record = [], {}
     for est in args.estimators.split(","):
         log = args.home / f"arith-{est}.log"
@@ -98,12 +112,7 @@ def main() -> None:
             record[f"{est}/{seed}"] = {"eval": ev, "stages": summary["stages"], "greedy_problems": n}
             rows.append([{"gae": "PPO", "grpo": "GRPO"}.get(est, est), str(seed)] + [fmt(ev, k) for _, k, _ in FIGURES])
         print(f"# {est}: {seconds / 60:.1f} min for seeds {args.seeds}", file=sys.stderr)
-    head = ["estimator", "seed"] + [name for name, _, _ in FIGURES]
-    print("| " + " | ".join(head) + " |\n|" + " --- |" * len(head))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-    if args.out:
-        args.out.write_text(json.dumps(record, indent=1))
+    print_table(["estimator", "seed"] + [name for name, _, _ in FIGURES], rows, record, args.out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Such a run chooses data, models and numbers. Five keys make the worker run code 
 `model.trust_remote_code` and `reward.trust_remote_code` (a checkpoint's own Python files),
 `ppo.rewards[].function` and `eval.judge.function` (any importable `module:function`, imported while the PPO or
 eval cache key is computed) and
-`ppo.environment` (a `module:Class` run at every rollout turn; the built-in `calculator` is always allowed). A
+`ppo.environment` (a `module:Class` run at every rollout turn; the built-ins `calculator` and `one_op_calculator` are always allowed). A
 deployment run may set them only where the host that runs it allows them in its own settings, never through a
 parameter:
 
@@ -39,7 +39,7 @@ GATED = (
      "the PPO cache key is computed"),
     ("eval.judge.function", "function:pkg.mod:fn or function:pkg.mod:*", "the eval's judge function"),
     ("ppo.environment", "environment:pkg.mod:Class or environment:pkg.mod:*", "an environment class run at every "
-     "rollout turn (the built-in `calculator` is always allowed)"),
+     "rollout turn (the built-ins `calculator` and `one_op_calculator` are always allowed)"),
 )
 
 

@@ -12,6 +12,7 @@ import torch
 
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.eval_best_of import best_of_n
+from rlhf_lib.eval_groups import by_group
 from rlhf_lib.eval_sampling import Generations, Judge, SftMemo, Terms, generate_and_score, remembered
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.rewards.combine import RewardSet
@@ -126,13 +127,14 @@ def evaluate(
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None = None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
     memo: SftMemo | None = None, controls: Mapping[str, PreTrainedModel] | None = None,
-    missing_eos_penalty: float | None = None,
+    missing_eos_penalty: float | None = None, groups: Sequence[str] | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
     one where the task has them, and a 95 % interval of every figure. `memo`: where the SFT model's samples (its
     replies and best-of-n's draws) may come from instead of sampling them again. `controls`: the control arms' policies
     (`eval.controls`), each sampled with the policy's seed and compared with it prompt by prompt (`versus`).
-    `missing_eos_penalty`: PPO's, applied to best-of-n's pick so that it reranks by the score PPO's reward gets."""
+    `missing_eos_penalty`: PPO's, applied to best-of-n's pick so that it reranks by the score PPO's reward gets.
+    `groups`: each prompt's group (`eval.group_by`'s column), for the figures group by group (`by_group`)."""
     args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
     kw = {"chunk": chunk, "terms": terms, "runner": runner}
     pol = generate_and_score(policy, sft, *args, **kw)
@@ -148,6 +150,10 @@ def evaluate(
         for i, row in enumerate(samples):
             row.update({f"{name}_response": arm.texts[i], f"{name}_rm_score": round(float(arm.scores[i]), 4),
                         f"{name}_gold": None if arm.gold is None else round(arm.gold[i], 4)})
+    if groups is not None:
+        more, more_bounds = by_group(cfg.group_by or "group", groups, prompts, pol, base, arms)
+        metrics.update(more)
+        bounds.update(more_bounds)
     if cfg.best_of:
         more, more_bounds, kept = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk,
                                             pol, runner, memo, missing_eos_penalty)

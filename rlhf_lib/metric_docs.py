@@ -214,6 +214,10 @@ EVAL = (
        "demo task: gold of policy and SFT and the gold win rate on prompts about topics training never saw "
        "(group new_topics) and about training topics asked in new ways (seen_topics)", "a gain on seen_topics "
        "only: the policy learned the training topics, not the skill"),
+    _m("eval/by_<group>/<figure>", "with `eval.group_by` (a column of the eval prompts, e.g. calls): each group's "
+       "reward_mean, reward_mean_sft, reward_lead_over_sft, <control>_reward_mean and reward_lead_over_<control> "
+       "(gold figures too where there is a judge), named by_<column>_<value>, with intervals",
+       "a lead only in the groups the demonstrations covered: the policy learned what SFT showed, not the skill"),
     _m("eval/constant_reply_gold_mean eval/gold_lead_over_constant_reply eval/win_rate_vs_constant_reply",
        "demo task: the best constant reply (one template with the topic filled in, picked by the RM on validation "
        "prompts; its text is in the report's lineage): its gold on the eval prompts, PPO's lead over it and PPO's "

@@ -20,6 +20,7 @@ from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.envs import environment_digest
 from rlhf_lib.envs.episodes import EpisodeRunner
 from rlhf_lib.eval import evaluate
+from rlhf_lib.eval_groups import group_values
 from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
@@ -117,6 +118,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
         if cfg.eval.judge is not None:  # a judge PPO never optimised: the gold of this eval
             judge, terms = load_eval_judge(cfg, eval_judge, tokenizer, data_dir, rewards.columns, device), None
+        groups = None if cfg.eval.group_by is None else group_values(
+            cfg.eval.group_by, prompts, rewards.columns, str(data_dir / FILE_NAMES["prompts_eval"]))
         per_turn = cfg.ppo.model_copy(update={"max_new_tokens": cfg.eval.max_new_tokens})
         max_prompt = cfg.model.n_positions - per_turn.response_tokens
         precision = autocast(device, cfg.resources.mixed_precision)
@@ -125,7 +128,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             sft_memo = memo(str(device)) if memo is not None else None
             result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
                               chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner, memo=sft_memo, controls=arms,
-                              missing_eos_penalty=cfg.ppo.missing_eos_penalty)
+                              missing_eos_penalty=cfg.ppo.missing_eos_penalty, groups=groups)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)

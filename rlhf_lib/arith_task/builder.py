@@ -19,7 +19,8 @@ from ..demo_task.builder import FILE_NAMES
 from ..envs.render import transcript_observation
 from ..models import EOS_TOKEN
 from .answers import answer_of, demonstration, eval_pair, ranked_list, tool_demonstrations
-from .problems import Problem, parse_problem, problems, with_instruction
+from .chains import Chain, chain_demonstrations, draw_chains, parse_chain
+from .problems import Problem, problems, with_instruction
 
 
 def _rng(seed: int, stream: str) -> random.Random:
@@ -37,8 +38,11 @@ def _draw(rng: random.Random, pool: list[Problem], n: int) -> list[Problem]:
     return out[:n]
 
 
-def _prompt_row(problem: Problem) -> dict[str, str]:
-    return {"prompt": problem.prompt, "answer": str(problem.answer)}
+def _prompt_row(problem: Problem | Chain) -> dict[str, str | int]:
+    row: dict[str, str | int] = {"prompt": problem.prompt, "answer": str(problem.answer)}
+    if isinstance(problem, Chain):  # the calls it needs: the eval's figures by calls (eval.group_by: calls)
+        row["calls"] = problem.calls
+    return row
 
 
 def _rendered(rows: dict[str, list[dict[str, Any]]], renderer: Renderer) -> dict[str, list[dict[str, Any]]]:
@@ -69,11 +73,22 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Render
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed = cfg.seed
-    train = _draw(_rng(seed, "prompts_train"), problems(False, cfg.operands), cfg.n_train_prompts)
-    evals = _draw(_rng(seed, "prompts_eval"), problems(True, cfg.operands), cfg.n_eval_prompts)
+    train: list[Problem] | list[Chain]
+    evals: list[Problem] | list[Chain]
+    if cfg.operands == "chain":  # the config pairs chains with the calculator's demonstrations
+        train = draw_chains(_rng(seed, "prompts_train"), cfg.n_train_prompts, False)
+        evals = draw_chains(_rng(seed, "prompts_eval"), cfg.n_eval_prompts, True)
+    else:
+        train = _draw(_rng(seed, "prompts_train"), problems(False, cfg.operands), cfg.n_train_prompts)
+        evals = _draw(_rng(seed, "prompts_eval"), problems(True, cfg.operands), cfg.n_eval_prompts)
 
     rng = _rng(seed, "sft")
-    if cfg.tool == "calculator":  # the call, then the answer after the tool's reply: two rows per demonstration
+    if cfg.operands == "chain":  # every call right; only problems of at most sft_max_calls calls demonstrated
+        most = cfg.sft_max_calls or 3
+        sft = [row for p in train if p.calls <= most for _ in range(cfg.sft_per_prompt)
+               for row in chain_demonstrations(p, demonstration(rng, p, cfg.sft_correct), EOS_TOKEN,
+                                               transcript_observation)]
+    elif cfg.tool == "calculator":  # the call, then the answer after the tool's reply: two rows per demonstration
         sft = [row for p in train for _ in range(cfg.sft_per_prompt)
                for row in tool_demonstrations(rng, p, cfg.sft_correct, EOS_TOKEN, transcript_observation)]
     else:
@@ -103,7 +118,7 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Render
 
 
 def _right(prompt: str, response: str) -> bool:
-    problem = parse_problem(prompt)
+    problem = parse_chain(prompt)  # a plain problem "What is 37 + 48?" is a chain of one call
     assert problem is not None, "arithmetic prompts always hold a problem"
     return answer_of(response) == problem.answer
 
@@ -122,7 +137,7 @@ def summarize(paths: dict[str, Path]) -> dict[str, float]:
     return {
         # With the calculator, the call rows give no answer: the share is over the answer rows.
         "sft_correct": fmean(_right(e.prompt, e.response) for e in sft if "<calc>" not in e.response),
-        "sft_distinct_problems": float(len({parse_problem(e.prompt) for e in sft})),
+        "sft_distinct_problems": float(len({parse_chain(e.prompt) for e in sft})),
         "ranked_best_correct": fmean(_right(e.prompt, e.responses[0]) for e in ranked),
         "eval_chosen_correct": fmean(_right(e.prompt, e.chosen) for e in pairs),
         "eval_rejected_correct": fmean(_right(e.prompt, e.rejected) for e in pairs),

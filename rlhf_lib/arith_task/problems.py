@@ -37,6 +37,7 @@ OPERANDS: dict[str, tuple[range, range, tuple[int, ...], frozenset[int]]] = {
 }
 _PROMPT = "\n\nHuman: What is {a} + {b}?\n\nAssistant:"
 _PARSE = re.compile(r"What is (\d+) \+ (\d+)\?")
+_QUESTION = re.compile(r"What is \d+(?: [+-] \d+){1,3}\?")  # a plain problem's or a chain's (chains.py)
 
 Block = tuple[int, int]  # (tens digit of a, tens digit of b)
 
@@ -98,7 +99,7 @@ def with_instruction(prompt: str, instruction: str | None) -> str:
     when `instruction` is None or the text holds no question."""
     if not instruction:
         return prompt
-    return _PARSE.sub(lambda m: f"{m.group(0)} {instruction}", prompt, count=1)
+    return _QUESTION.sub(lambda m: f"{m.group(0)} {instruction}", prompt, count=1)
 
 
 def parse_problem(prompt: str) -> Problem | None:

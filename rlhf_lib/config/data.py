@@ -58,10 +58,16 @@ class DataConfig(Section):
     sft_correct: float = Field(
         0.5, ge=0.0, le=1.0, description="Arithmetic task: share of SFT demonstrations whose answer is right; the "
         "others are plausibly wrong (off by 1 or 2, or a carry slip of 10), so SFT leaves headroom for RL.")
-    operands: Literal["2+2", "2+1", "1+1"] = Field(
+    operands: Literal["2+2", "2+1", "1+1", "chain"] = Field(
         "2+2", description="Arithmetic task: digits of the two operands, \"2+2\" (\"What is 37 + 48?\"), \"2+1\" "
         "(\"What is 47 + 6?\", 270 held-out problems) or \"1+1\" (\"What is 7 + 8?\", 25 held-out problems of 81: "
-        "the unordered pairs {a, a + 3} and every sum of 10; rlhf_lib/arith_task/problems.py).")
+        "the unordered pairs {a, a + 3} and every sum of 10; rlhf_lib/arith_task/problems.py); or \"chain\": two to "
+        "four two-digit numbers joined by + and - (\"What is 37 + 48 - 29?\"), one to three calls of the "
+        "one-operation calculator (data.tool: calculator, ppo.environment: one_op_calculator; "
+        "rlhf_lib/arith_task/chains.py).")
+    sft_max_calls: int | None = Field(
+        None, ge=1, le=3, description="data.operands chain: demonstrations only for the training problems of at most "
+        "this many calls (PPO's prompts and the eval still ask one to three): the room RL has to find. Null = all.")
     instruction: str | None = Field(
         None, max_length=500, description="Arithmetic task: text after every question, e.g. \"Answer with the number "
         "only.\" (\"What is 7 + 8? Answer with the number only.\"). Null = the question alone.")
@@ -123,6 +129,7 @@ class DataConfig(Section):
         drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
         drop |= {"instruction"} if self.instruction is None else set()
         drop |= {"skip_rows"} if not self.skip_rows else set()
+        drop |= {"sft_max_calls"} if self.sft_max_calls is None else set()
         return self.model_dump(exclude=drop or None)
 
     @property
@@ -147,6 +154,11 @@ class DataConfig(Section):
             raise ValueError("data.tool: tool demonstrations are built for data.task=arithmetic only")
         if self.operands != "2+2" and self.task != "arithmetic":
             raise ValueError("data.operands: the operands of data.task=arithmetic only")
+        if self.operands == "chain" and self.tool != "calculator":
+            raise ValueError("data.operands chain: a chained problem is solved call by call; set data.tool: "
+                             "calculator (and ppo.environment: one_op_calculator)")
+        if self.sft_max_calls is not None and self.operands != "chain":
+            raise ValueError("data.sft_max_calls: the demonstrations of data.operands chain only")
         if self.instruction is not None and self.task != "arithmetic":
             raise ValueError("data.instruction: the arithmetic task's questions only (user data carries its own "
                              "prompts)")

@@ -166,6 +166,11 @@ class EvalConfig(Section):
         "missing-EOS penalty and the KL alone act) and shuffled_reward (the scores permuted within each rollout). The "
         "eval samples each beside PPO and reports PPO's paired lead over it (<figure>_lead_over_<control>): what the "
         "reward taught beyond the shaping. Never registered as rlhf-policy versions. [] = none.")
+    group_by: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,39}$", description="A column of the eval prompts (e.g. the chained "
+        "arithmetic task's calls) whose values split the figures: by_<column>_<value>/<figure> for the reward of "
+        "policy, SFT and each control, and the paired leads, each with its interval (at most 32 groups, the "
+        "most frequent). Null = no split.")
     judge: RewardSource | None = Field(
         None, description="A judge PPO never optimised, scoring PPO, SFT and best-of-n on the held-out prompts: its "
         "scores are the eval's gold (gold_reward_mean, win_rate_vs_sft, best_of_<n>_gold_*, each with its interval) "
@@ -187,7 +192,7 @@ class EvalConfig(Section):
     def key(self) -> dict:
         """The config as the eval stage's cache key reads it: without `judge_pairs`, `judge` and `controls` when
         they are unset, so a run's key is what it was before the keys existed."""
-        unset = {k for k in ("judge_pairs", "judge") if getattr(self, k) is None}
+        unset = {k for k in ("judge_pairs", "judge", "group_by") if getattr(self, k) is None}
         if not self.controls:
             unset.add("controls")
         return self.model_dump(exclude=unset or None)

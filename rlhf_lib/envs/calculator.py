@@ -102,3 +102,23 @@ class CalculatorEnv:
                 return Step(f"error: {e}")
             return Step(f"{result:g}" if isinstance(result, float) else str(result))
         return Step(None, 1.0 if answer_of(message) == self.answer else 0.0, done=True)
+
+
+ONE_OP = re.compile(r"^\s*(-?\d{1,12})\s*([-+*])\s*(-?\d{1,12})\s*$")
+
+
+class OneOpCalculatorEnv(CalculatorEnv):
+    """The calculator of chained problems (`data.operands: chain`): one operation of two integers a call
+    (`<calc>37 + 48</calc>`; + - *), so a problem of k operations needs k calls whose operands the policy chooses.
+    A call holding anything else (two operations, parentheses, a division) is answered with an error and reward 0;
+    the episode goes on. The final answer is read as `CalculatorEnv`'s."""
+
+    def step(self, message: str) -> Step:
+        call = CALL.search(message)
+        if call is None:
+            return super().step(message)
+        m = ONE_OP.match(call.group(1))
+        if m is None:
+            return Step("error: one operation of two integers a call (+, - or *)")
+        a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+        return Step(str(_OPS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult}[op]](a, b)))

@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from rlhf_lib.envs.base import Environment
 
-BUILTIN = {"calculator": "rlhf_lib.envs.calculator:CalculatorEnv"}
+BUILTIN = {"calculator": "rlhf_lib.envs.calculator:CalculatorEnv",
+           "one_op_calculator": "rlhf_lib.envs.calculator:OneOpCalculatorEnv"}
 SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 

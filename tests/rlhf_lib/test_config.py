@@ -75,7 +75,7 @@ def test_tool_demonstrations_are_an_arithmetic_key_and_leave_other_keys_alone():
 
     with pytest.raises(ValidationError, match="data.task=arithmetic only"):
         DataConfig(tool="calculator")
-    unset = {"tool", "operands", "instruction", "skip_rows"}
+    unset = {"tool", "operands", "instruction", "skip_rows", "sft_max_calls"}
     assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude=unset)
     assert DataConfig(task="arithmetic", tool="calculator").key()["tool"] == "calculator"
 
@@ -84,7 +84,7 @@ def test_the_judge_pairs_cap_is_an_eval_key_only_when_set():
     from rlhf_lib.config.stages import EvalConfig
 
     assert "judge_pairs" not in EvalConfig().key() and EvalConfig().key() == EvalConfig().model_dump(
-        exclude={"judge_pairs", "judge", "controls"})
+        exclude={"judge_pairs", "judge", "controls", "group_by"})
     assert EvalConfig(judge_pairs=128).key()["judge_pairs"] == 128
     with pytest.raises(ValidationError, match="greater than or equal to 1"):
         EvalConfig(judge_pairs=0)

@@ -59,7 +59,8 @@ def test_a_call_gets_the_result_and_an_answer_ends_the_episode():
 
 
 def test_the_registry_resolves_builtins_and_classes_and_names_what_is_wrong():
-    assert load_environment("calculator") is CalculatorEnv and set(BUILTIN) == {"calculator"}
+    assert load_environment("calculator") is CalculatorEnv and set(BUILTIN) == {"calculator", "one_op_calculator"}
+    assert load_environment("one_op_calculator").__name__ == "OneOpCalculatorEnv"
     assert load_environment("rlhf_lib.envs.calculator:CalculatorEnv") is CalculatorEnv
     for name, why in [("os.system", "expected a built-in"), ("no.such.module:Env", "cannot import"),
                       ("rlhf_lib.envs.calculator:Nope", "has no class"),
