@@ -27,6 +27,9 @@ from dataclasses import dataclass
 
 from rlhf_lib.config import PPOConfig
 
+# Metrics that are NaN by definition in a sound run: the explained variance when every return is the same (a
+# zero-reward control whose policy has not moved from the reference: no reward, no KL). The nan alarm skips them.
+UNDEFINED_WHEN_CONSTANT = frozenset({"value/explained_variance"})
 # What fires each alarm, for the reference (docs/reference.md).
 RULES = {
     "nan": "any metric of the iteration is NaN or infinite; the update steps with a non-finite loss or gradient were "
@@ -94,7 +97,8 @@ class AlarmMonitor:
             if key in stats and math.isfinite(stats[key]):
                 window.append(stats[key])
         alarms = []
-        bad = sorted(k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v))
+        bad = sorted(k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)
+                     and not (k in UNDEFINED_WHEN_CONSTANT and math.isnan(v)))
         if bad:
             alarms.append(Alarm("nan", iteration, f"non-finite {', '.join(bad)}"))
         kl = stats.get("objective/kl", 0.0)

@@ -34,6 +34,15 @@ def test_nan_and_kl_blowup_and_length():
     assert names(m, 4, **{"response/no_eos_frac": 0.6}) == ["length_explosion"]
 
 
+def test_an_explained_variance_undefined_by_constant_returns_is_no_nan_alarm():
+    # A zero-reward control whose policy has not left the reference: every return is 0, Var(R) = 0, EV is NaN by
+    # definition (rlhf_lib/ppo/metrics.py). An infinite one, or any other NaN, still fires.
+    m = AlarmMonitor(CFG)
+    assert names(m, 0, **{"value/explained_variance": float("nan")}) == []
+    assert names(m, 1, **{"value/explained_variance": float("inf")}) == ["nan"]
+    assert names(m, 2, **{"value/explained_variance": float("nan"), "loss/value": float("nan")}) == ["nan"]
+
+
 def test_entropy_and_critic_alarms_wait_for_the_warm_up():
     m = AlarmMonitor(CFG)
     low = {"policy/entropy": 0.01, "value/explained_variance": -0.2}
