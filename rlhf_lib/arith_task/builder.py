@@ -19,7 +19,7 @@ from ..demo_task.builder import FILE_NAMES
 from ..envs.render import transcript_observation
 from ..models import EOS_TOKEN
 from .answers import answer_of, demonstration, eval_pair, ranked_list, tool_demonstrations
-from .chains import Chain, chain_demonstrations, draw_chains, parse_chain
+from .chains import Chain, chain_demonstrations, demonstrated, draw_chains, parse_chain
 from .problems import Problem, problems, with_instruction
 
 
@@ -76,16 +76,16 @@ def build_arithmetic_task(cfg: DataConfig, out_dir: str | Path, renderer: Render
     train: list[Problem] | list[Chain]
     evals: list[Problem] | list[Chain]
     if cfg.operands == "chain":  # the config pairs chains with the calculator's demonstrations
-        train = draw_chains(_rng(seed, "prompts_train"), cfg.n_train_prompts, False)
-        evals = draw_chains(_rng(seed, "prompts_eval"), cfg.n_eval_prompts, True)
+        train = draw_chains(_rng(seed, "prompts_train"), cfg.n_train_prompts, "train")
+        evals = draw_chains(_rng(seed, "prompts_eval"), cfg.n_eval_prompts, cfg.heldout)
     else:
         train = _draw(_rng(seed, "prompts_train"), problems(False, cfg.operands), cfg.n_train_prompts)
         evals = _draw(_rng(seed, "prompts_eval"), problems(True, cfg.operands), cfg.n_eval_prompts)
 
     rng = _rng(seed, "sft")
-    if cfg.operands == "chain":  # every call right; only problems of at most sft_max_calls calls demonstrated
-        most = cfg.sft_max_calls or 3
-        sft = [row for p in train if p.calls <= most for _ in range(cfg.sft_per_prompt)
+    if cfg.operands == "chain":  # every call right; a share of the problems of each number of calls demonstrated
+        shown = demonstrated(_rng(seed, "sft_cover"), train, cfg.sft_call_shares)
+        sft = [row for p in shown for _ in range(cfg.sft_per_prompt)
                for row in chain_demonstrations(p, demonstration(rng, p, cfg.sft_correct), EOS_TOKEN,
                                                transcript_observation)]
     elif cfg.tool == "calculator":  # the call, then the answer after the tool's reply: two rows per demonstration

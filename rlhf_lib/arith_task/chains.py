@@ -6,12 +6,14 @@ and the answer 56. The policy chooses every call's operands: the first two numbe
 number. Subtraction is only drawn where the running value stays >= 0, so every intermediate result is a plain
 integer of one to three digits.
 
-The demonstrations are right, call by call, but cover problems of at most `data.sft_max_calls` calls (2 in the
-`arithmetic-chain` preset); PPO's prompts and the eval ask one, two and three calls in equal shares, so what a
-three-call problem needs (a third call on the second result) is what RL has to find.
+The demonstrations are right, call by call, but cover only a share of the training problems of each number of
+calls (`data.sft_call_shares`; the `arithmetic-chain` preset demonstrates every one- and two-call problem and one
+three-call problem in twenty); PPO's prompts and the eval ask one, two and three calls in equal shares, so the
+three-call problems are where the start is weak and RL has room.
 
-The split holds out every problem whose multiset of tens digits falls in a fixed quarter of a hash: the same numbers
-in any order and with any signs land on the same side, so no held-out problem, nor any reordering of it, is trained
+The split is over the multiset of the numbers' tens digits, hashed: a sixth of the multisets is the test split, a
+sixth the validation split (`data.heldout: validation`, for choosing settings), the rest training. The same numbers
+in any order and with any signs land in the same split, so no held-out problem, nor any reordering of it, is trained
 on. It does not depend on the seed.
 """
 
@@ -22,6 +24,7 @@ import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from .problems import HIGH, LOW
 
@@ -69,10 +72,19 @@ class Chain:
         return f"\n\nHuman: What is {self.text}?\n\nAssistant:"
 
 
-def held_out(chain: Chain) -> bool:
-    """Whether `chain` is an eval problem: the sorted tens digits of its numbers hash into the held-out quarter."""
+Split = Literal["train", "validation", "test"]
+
+
+def split_of(chain: Chain) -> Split:
+    """The split of `chain`: the sorted tens digits of its numbers, hashed, 0 mod 6 test, 1 mod 6 validation."""
     digits = ",".join(str(d) for d in sorted(n // 10 for n in chain.numbers))
-    return int(hashlib.sha256(f"rlhf-chain:{digits}".encode()).hexdigest(), 16) % 4 == 0
+    bucket = int(hashlib.sha256(f"rlhf-chain:{digits}".encode()).hexdigest(), 16) % 6
+    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+
+
+def held_out(chain: Chain) -> bool:
+    """Whether `chain` is in a held-out split (test or validation): never trained on."""
+    return split_of(chain) != "train"
 
 
 def draw_chain(rng: random.Random, calls: int) -> Chain:
@@ -87,14 +99,21 @@ def draw_chain(rng: random.Random, calls: int) -> Chain:
     return Chain(tuple(numbers), tuple(ops))
 
 
-def draw_chains(rng: random.Random, n: int, evaluation: bool, max_calls: int = MAX_CALLS) -> list[Chain]:
-    """`n` problems on one side of the split, their calls cycling 1, 2, ..., `max_calls` (equal shares)."""
+def draw_chains(rng: random.Random, n: int, split: Split, max_calls: int = MAX_CALLS) -> list[Chain]:
+    """`n` problems of `split`, their calls cycling 1, 2, ..., `max_calls` (equal shares)."""
     out: list[Chain] = []
     while len(out) < n:
         chain = draw_chain(rng, len(out) % max_calls + 1)
-        if held_out(chain) == evaluation:
+        if split_of(chain) == split:
             out.append(chain)
     return out
+
+
+def demonstrated(rng: random.Random, chains: list[Chain], shares: list[float] | None) -> list[Chain]:
+    """The problems that get demonstrations: each of k calls with probability `shares[k - 1]` (None: all)."""
+    if shares is None:
+        return list(chains)
+    return [c for c in chains if rng.random() < shares[c.calls - 1]]
 
 
 def parse_chain(prompt: str) -> Chain | None:

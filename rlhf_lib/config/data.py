@@ -3,7 +3,7 @@ pretrained models."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,7 +47,7 @@ class DataConfig(Section):
     )
     eval_pairs_per_prompt: int = Field(2, ge=1, description="Noise-free held-out pairs per eval prompt (RM accuracy).")
     heldout: Literal["test", "validation"] = Field(
-        "test", description="Demo task: the split the reports read (eval prompts, held-out and adversarial pairs). "
+        "test", description="Demo task and data.operands chain: the split the reports read (eval prompts, held-out and adversarial pairs). "
         "Choose settings with validation; report test once. Training files are the same either way.")
     adversarial_per_topic_pair: int = Field(
         5, ge=0, description="Demo task: adversarial topic swaps per (prompt topic, other topic) of the held-out "
@@ -65,9 +65,10 @@ class DataConfig(Section):
         "four two-digit numbers joined by + and - (\"What is 37 + 48 - 29?\"), one to three calls of the "
         "one-operation calculator (data.tool: calculator, ppo.environment: one_op_calculator; "
         "rlhf_lib/arith_task/chains.py).")
-    sft_max_calls: int | None = Field(
-        None, ge=1, le=3, description="data.operands chain: demonstrations only for the training problems of at most "
-        "this many calls (PPO's prompts and the eval still ask one to three): the room RL has to find. Null = all.")
+    sft_call_shares: list[Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
+        None, min_length=3, max_length=3, description="data.operands chain: the share of the training problems of "
+        "one, two and three calls that get demonstrations, e.g. [1, 1, 0.05] (PPO's prompts and the eval still ask "
+        "all three in equal shares): the room RL has to find. Null = every problem demonstrated.")
     instruction: str | None = Field(
         None, max_length=500, description="Arithmetic task: text after every question, e.g. \"Answer with the number "
         "only.\" (\"What is 7 + 8? Answer with the number only.\"). Null = the question alone.")
@@ -129,7 +130,7 @@ class DataConfig(Section):
         drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
         drop |= {"instruction"} if self.instruction is None else set()
         drop |= {"skip_rows"} if not self.skip_rows else set()
-        drop |= {"sft_max_calls"} if self.sft_max_calls is None else set()
+        drop |= {"sft_call_shares"} if self.sft_call_shares is None else set()
         return self.model_dump(exclude=drop or None)
 
     @property
@@ -157,8 +158,8 @@ class DataConfig(Section):
         if self.operands == "chain" and self.tool != "calculator":
             raise ValueError("data.operands chain: a chained problem is solved call by call; set data.tool: "
                              "calculator (and ppo.environment: one_op_calculator)")
-        if self.sft_max_calls is not None and self.operands != "chain":
-            raise ValueError("data.sft_max_calls: the demonstrations of data.operands chain only")
+        if self.sft_call_shares is not None and self.operands != "chain":
+            raise ValueError("data.sft_call_shares: the demonstrations of data.operands chain only")
         if self.instruction is not None and self.task != "arithmetic":
             raise ValueError("data.instruction: the arithmetic task's questions only (user data carries its own "
                              "prompts)")

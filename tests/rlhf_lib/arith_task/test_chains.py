@@ -1,6 +1,6 @@
 """Chained arithmetic for the one-operation calculator (data.operands: chain, issue 54 item 4): hand-computed
-problems, the split that holds a multiset of numbers out in every order, demonstrations that stop at
-data.sft_max_calls, and the environment that refuses more than one operation a call."""
+problems, the split that holds a multiset of numbers out in every order, demonstrations of a share of the problems
+of each number of calls (data.sft_call_shares), and the environment that refuses more than one operation a call."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from rlhf_lib.arith_task import build_arithmetic_task, summarize
 from rlhf_lib.arith_task.chains import (Chain, chain_demonstrations, draw_chain, draw_chains, held_out, parse_chain,
-                                        scripted_episode)
+                                        scripted_episode, split_of)
 from rlhf_lib.config import DataConfig
 from rlhf_lib.data.records import read_sft
 from rlhf_lib.envs import transcript_observation
@@ -52,24 +52,25 @@ def test_the_split_holds_a_multiset_out_in_every_order_and_sign(nums, rng):
     rng.shuffle(order)
     first = Chain(tuple(nums), ("+",) * (len(nums) - 1))
     other = Chain(tuple(order), tuple(rng.choice("+-") for _ in order[1:]))
-    assert held_out(first) == held_out(other)
+    assert split_of(first) == split_of(other)
 
 
 def test_draws_cycle_the_calls_and_keep_to_their_side_of_the_split():
-    train = draw_chains(random.Random(0), 300, False)
-    evals = draw_chains(random.Random(1), 60, True)
+    train = draw_chains(random.Random(0), 300, "train")
+    evals = draw_chains(random.Random(1), 60, "test")
+    val = draw_chains(random.Random(1), 60, "validation")
     assert [c.calls for c in train[:6]] == [1, 2, 3, 1, 2, 3]
-    assert not any(held_out(c) for c in train) and all(held_out(c) for c in evals)
-    seen = {tuple(sorted(n // 10 for n in c.numbers)) for c in train}
-    assert not seen & {tuple(sorted(n // 10 for n in c.numbers)) for c in evals}
+    assert not any(held_out(c) for c in train) and all(split_of(c) == "test" for c in evals)
+    digits = lambda cs: {tuple(sorted(n // 10 for n in c.numbers)) for c in cs}  # noqa: E731
+    assert not digits(train) & digits(evals) and not digits(train) & digits(val) and not digits(val) & digits(evals)
     assert all(v >= 0 for c in train for *_, v in c.steps())  # - only where the running value stays >= 0
     rng = random.Random(2)
     share = sum(held_out(draw_chain(rng, 1 + i % 3)) for i in range(3000)) / 3000
-    assert 0.15 < share < 0.35  # about a quarter of the problems held out
+    assert 0.2 < share < 0.45  # about a third of the problems held out: a sixth test, a sixth validation
 
 
 def test_the_scripted_policy_solves_every_problem_through_the_one_operation_calculator():
-    for chain in draw_chains(random.Random(3), 30, True):
+    for chain in draw_chains(random.Random(3), 30, "test"):
         env = OneOpCalculatorEnv()
         env.reset({"answer": str(chain.answer)})
         steps = [env.step(m) for m in scripted_episode(chain)]
@@ -98,13 +99,18 @@ def _cfg(**kw):
                       sft_correct=1.0, **kw)
 
 
-def test_demonstrations_cover_only_problems_of_at_most_sft_max_calls(tmp_path):
-    paths = build_arithmetic_task(_cfg(sft_max_calls=2), tmp_path)
+def test_demonstrations_cover_the_given_share_of_each_number_of_calls(tmp_path):
+    paths = build_arithmetic_task(_cfg(sft_call_shares=[1.0, 1.0, 0.0]), tmp_path)
     rows = read_sft(paths["sft"]).rows
     # 30 prompts: 10 of each number of calls; the 20 of one and two calls demonstrated twice (sft_per_prompt 2),
     # a row per call and one for the answer: 10 x 2 x 2 + 10 x 2 x 3 rows.
     assert len(rows) == 100
     assert max(parse_chain(r.prompt).calls for r in rows) == 2
+    some = read_sft(build_arithmetic_task(_cfg(sft_call_shares=[1.0, 1.0, 0.5]), tmp_path / "half")["sft"]).rows
+    threes = {r.prompt for r in some if parse_chain(r.prompt).calls == 3 and "Tool" not in r.prompt}
+    assert 1 <= len(threes) <= 9  # about half of the 10 three-call problems
+    every = read_sft(build_arithmetic_task(_cfg(), tmp_path / "all")["sft"]).rows
+    assert len(every) == 100 + 10 * 2 * 4
     prompts = [json.loads(x) for x in paths["prompts_train"].read_text().splitlines()]
     assert sorted({p["calls"] for p in prompts}) == [1, 2, 3]  # PPO is asked all three
     evals = [json.loads(x) for x in paths["prompts_eval"].read_text().splitlines()]
@@ -123,7 +129,18 @@ def test_each_demonstration_row_is_the_rollout_so_far_and_the_next_policy_turn()
 def test_the_config_pairs_chains_with_the_calculator_and_keeps_other_keys():
     with pytest.raises(ValueError, match="data.tool: calculator"):
         DataConfig(task="arithmetic", operands="chain")
-    with pytest.raises(ValueError, match="sft_max_calls"):
-        DataConfig(task="arithmetic", sft_max_calls=2)
-    assert "sft_max_calls" not in DataConfig(task="arithmetic").key()
-    assert _cfg(sft_max_calls=2).key()["sft_max_calls"] == 2
+    with pytest.raises(ValueError, match="sft_call_shares"):
+        DataConfig(task="arithmetic", sft_call_shares=[1, 1, 0])
+    with pytest.raises(ValueError):
+        _cfg(sft_call_shares=[1, 1])
+    assert "sft_call_shares" not in DataConfig(task="arithmetic").key()
+    assert _cfg(sft_call_shares=[1, 1, 0.05]).key()["sft_call_shares"] == [1, 1, 0.05]
+
+
+def test_validation_problems_are_the_eval_set_only_when_asked(tmp_path):
+    def evals(heldout):
+        path = build_arithmetic_task(_cfg(heldout=heldout), tmp_path / heldout)["prompts_eval"]
+        return [parse_chain(json.loads(line)["prompt"]) for line in path.read_text().splitlines()]
+
+    assert {split_of(c) for c in evals("test")} == {"test"}
+    assert {split_of(c) for c in evals("validation")} == {"validation"}
