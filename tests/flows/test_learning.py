@@ -15,7 +15,9 @@ control arm `eval.controls=[zero_reward]`, 2026-12-07; no test figure was read w
 | the same, rm_unit_std | 0 / 1 | -0.07 / -0.46 | 0.17 / -0.17 | -0.24 / -0.30, both intervals below 0 |
 | the same with the demo's RM data (twins, K = 6, 3 epochs) | 0 / 1 | 0.18 / 0.02 | 0.11 / -0.04 | +0.07 [0.00, 0.15] / +0.06 [-0.11, 0.22] |
 | the demo preset (RM 0.85) | 0 / 1 | 0.72 / 0.73 | 0.12 / 0.07 | +0.60 [0.47, 0.73] / +0.66 [0.55, 0.77] |
-| the demo preset with `LEARN` (this test) | 0 / 1 | see LEARN_FIGURES | | |
+| the demo preset with `LEARN` (this test) | 0 / 1 | 0.19 / 0.05 | -0.20 / -0.23 | +0.40 [0.32, 0.47] / +0.28 [0.21, 0.36] |
+
+On the test split, once, with `LEARN` chosen: +0.40 [0.30, 0.50] and +0.40 [0.31, 0.49] (benchmarks/RESULTS.md).
 
 A micro-sized RM (2 x 64) orders 0.63-0.69 of the held-out pairs, below the n-gram baseline: PPO against it learns
 little beyond the shaping, and the control keeps up. The demo's RM (2 x 128, topic and loop twins in its ranked lists)
