@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 import time
 import warnings
@@ -26,6 +27,7 @@ import pandas as pd
 from mlflow.entities import DatasetInput, InputTag
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 from prefect.states import Completed
 
 from rlhf_lib.events import Event, Metrics, Notice, Table, Tags
@@ -46,6 +48,15 @@ from stages.tracking import (
 
 VARIANT_TAG = "rlhf.variant"  # a control arm's run: logged and cached, never registered
 ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
+
+
+def warn(message: str) -> None:
+    """`message` as a warning of the Prefect run the stage builds in (its UI shows it), or of the `rlhf` logger
+    outside one (a stage built by `rlhf run` on a follower node)."""
+    try:
+        get_run_logger().warning(message)
+    except MissingContextError:
+        logging.getLogger("rlhf").warning(message)
 
 
 class RunSink:

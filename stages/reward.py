@@ -11,7 +11,7 @@ from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_ranked
-from rlhf_lib.data.collate import truncation_counts
+from rlhf_lib.data.collate import truncation_counts, truncation_notice
 from rlhf_lib.data.conversations import rendered_ranked
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.distributed import ProcessGroup
@@ -21,7 +21,7 @@ from rlhf_lib.models import build_scalar_model, fit_length
 from rlhf_lib.reward import launched, train_reward_model
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunSink, as_state, log_dataset, run_cached
+from stages.base import RunSink, as_state, log_dataset, run_cached, warn
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import conversations_digest, dataset_name, file_digest, optional_digest
@@ -52,6 +52,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
                                 [r for e in examples for r in e.responses], rcfg.max_length)
         run.log_metrics({"reward/truncated_prompts": cut["prompts"], "reward/truncated_responses": cut["responses"]},
                         step=0)
+        rows = sum(len(e.responses) for e in examples)
+        if (notice := truncation_notice("reward", cut, rows, "reward.max_length", rcfg.max_length)) is not None:
+            warn(notice)
         model, final = train_supervised("reward", REWARD_LOOP, cfg.resources, model, tokenizer, examples, rcfg,
                                         RunSink(run, n_batches(len(examples), rcfg.batch_size, rcfg.epochs,
                                                                rcfg.max_steps)),

@@ -9,7 +9,7 @@ from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_ranked, read_sft
-from rlhf_lib.data.collate import truncation_counts
+from rlhf_lib.data.collate import truncation_counts, truncation_notice
 from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.devices import weights_dtype
 from rlhf_lib.memory import preflight
@@ -24,7 +24,7 @@ from rlhf_lib.models import (
 from rlhf_lib.sft import launched, train_sft
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunSink, as_state, log_dataset, run_cached
+from stages.base import RunSink, as_state, log_dataset, run_cached, warn
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import dataset_name, file_digest
@@ -69,6 +69,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
         cut = truncation_counts(tokenizer, [e.prompt for e in examples], [e.response for e in examples],
                                 sft_cfg.max_length)
         run.log_metrics({"sft/truncated_prompts": cut["prompts"], "sft/truncated_responses": cut["responses"]}, 0)
+        if (notice := truncation_notice("sft", cut, len(examples), "sft.max_length", sft_cfg.max_length)) is not None:
+            warn(notice)
         if sft_cfg.max_steps == 0:  # the pretrained model itself, saved as the stage's model (lineage, tags)
             run.log_metrics({"sft/steps": 0.0}, step=0)
             save_model(model, tokenizer, out_dir)

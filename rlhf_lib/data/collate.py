@@ -112,3 +112,12 @@ def sft_rows(encoded: Sequence[tuple[Sequence[int], int]], pad_id: int) -> dict[
         labels[i, :n_prompt] = -100
     labels[mask == 0] = -100
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def truncation_notice(stage: str, cut: dict[str, int], rows: int, key: str, max_length: int) -> str | None:
+    """The warning a stage logs when `truncation_counts` found rows it cuts (None when it cuts none): a prompt cut on
+    the left loses the question, a response cut on the right its end, silently to the loss."""
+    if not cut["prompts"] and not cut["responses"]:
+        return None
+    return (f"{stage}: at {key}={max_length} tokens, {cut['prompts']} of {rows} rows lose the start of their prompt "
+            f"and {cut['responses']} the end of their response: raise {key} (model.n_positions caps it)")

@@ -19,6 +19,9 @@ def test_preset_is_a_valid_config(name):
         assert (cfg.model.name_or_path, cfg.data.task, cfg.sft.max_steps) == ("smollm2", "arithmetic", 0)
         assert cfg.ppo.rewards[0].params == {"read": "last"}
         assert (cfg.data.operands, cfg.data.instruction) == ("1+1", "Answer with the number only.")
+    elif name == "arithmetic-chain":  # the tool task the tool does not solve alone (issue 54 item 4)
+        assert (cfg.data.operands, cfg.data.tool, cfg.ppo.environment) == ("chain", "calculator", "one_op_calculator")
+        assert cfg.eval.group_by == "calls" and cfg.eval.controls == ["zero_reward"]
     elif name not in ("demo", "micro", "arithmetic", "arithmetic-tool"):  # the built-in tasks on fresh tiny models
         assert cfg.model.name_or_path and cfg.data.preferences and cfg.data.eval_preferences
         assert not cfg.model.trust_remote_code  # no preset runs a checkpoint's code
