@@ -77,7 +77,10 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     with open(tmp_path / "stderr.log", "w") as log:  # not a pipe: an orphaned server would hold it open
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro"],
+        # PPO's 100,000 iterations keep the run going until the SIGTERM: a whole micro run can end within the
+        # 2 s below on a fast host (it did: exit 0 where 143 was expected).
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "full", "--preset", "micro", "--set",
+                                 "ppo.iterations=100000"],
                                 env=env | {"RLHF_HOME": str(tmp_path)}, stdout=subprocess.DEVNULL, stderr=log)
     children: list[psutil.Process] = []
     try:
@@ -90,6 +93,7 @@ def test_sigterm_stops_the_temporary_prefect_server_with_the_run(tmp_path):
             except psutil.Error:
                 children = []
         time.sleep(2)
+        assert proc.poll() is None, "the run ended before it could be terminated"
         proc.terminate()
         assert proc.wait(timeout=120) == 128 + 15
         _, alive = psutil.wait_procs(children, timeout=30)
