@@ -142,8 +142,12 @@ class PPOConfig(Section):
     alarm_kl_factor: float = Field(4.0, gt=0, description="KL blow-up alarm: KL above this many times target_kl.")
     alarm_entropy_min: float = Field(0.05, ge=0, description="Entropy-collapse alarm: mean token entropy below this.")
     alarm_explained_variance_min: float = Field(
-        0.0, description="Critic-lag alarm: explained variance below this after the warm-up."
+        0.1, description="Critic-lag alarm: the mean explained variance over the last `alarm_critic_window` "
+        "iterations below this, after the warm-up."
     )
+    alarm_critic_window: int = Field(5, ge=1, description="Critic-lag alarm: iterations whose mean explained "
+                                     "variance is compared with alarm_explained_variance_min (1 = each iteration "
+                                     "alone).")
     alarm_length_frac: float = Field(0.95, gt=0, le=1, description="Length-explosion alarm: mean length above this "
                                      "fraction of max_new_tokens (or over half the responses without EOS).")
     alarm_window: int = Field(5, ge=2, description="Iterations over which reward hacking (RM up, gold or length "

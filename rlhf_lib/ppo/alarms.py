@@ -8,8 +8,11 @@ report lists it, and `ppo.stop_on_alarm` ends the loop.
 - kl_blowup: KL to the reference above `alarm_kl_factor` x `target_kl` (Ziegler et al. 2019 keep it near target).
 - entropy_collapse: mean token entropy under `alarm_entropy_min` after the warm-up: the policy turned
   deterministic and stops exploring.
-- critic_lag: explained variance under `alarm_explained_variance_min` after the warm-up: the value model does not
-  predict returns, so GAE advantages are mostly noise.
+- critic_lag: the mean explained variance of the last `alarm_critic_window` iterations under
+  `alarm_explained_variance_min` after the warm-up: the value model does not predict returns, so GAE advantages
+  are mostly noise. A window, not one iteration: a healthy critic dips for an iteration; one that never learns sits
+  at 0.00-0.02 for many (smollm2-hh, 16 iterations, which a threshold of 0 never caught). It fires when the window
+  first falls under the threshold and again only after it has recovered, not on every iteration.
 - length_explosion: responses running into `max_new_tokens` (mean length above `alarm_length_frac` of it, or most
   of them without EOS).
 - reward_hacking: over the last `alarm_window` iterations the score rises while the gold score falls (where a
@@ -39,7 +42,9 @@ RULES = {
                         "with an environment), or "
                         "`response/no_eos_frac` > 0.5",
     "entropy_collapse": "after `ppo.alarm_after` iterations, `policy/entropy` < `ppo.alarm_entropy_min`",
-    "critic_lag": "after `ppo.alarm_after` iterations, `value/explained_variance` < `ppo.alarm_explained_variance_min`",
+    "critic_lag": "after `ppo.alarm_after` iterations, the mean `value/explained_variance` of the last "
+                  "`ppo.alarm_critic_window` iterations < `ppo.alarm_explained_variance_min` (once per episode of "
+                  "lag)",
     "reward_hacking": "over the last `ppo.alarm_window` iterations `objective/score_raw` rises while `objective/gold` "
                       "falls (each a least-squares trend beyond `ppo.alarm_min_change` and `ppo.alarm_z` standard "
                       "errors of the trend, from the metric's `_sem`), or one of several reward "
@@ -90,6 +95,8 @@ class AlarmMonitor:
         keys = ("objective/score_raw", "objective/gold", "response/length_mean", *self.sources)
         keys += tuple(f"{k}_sem" for k in keys if k != "response/length_mean")
         self.history: dict[str, deque[float]] = {k: deque(maxlen=cfg.alarm_window) for k in keys}
+        self.explained_variance: deque[float] = deque(maxlen=cfg.alarm_critic_window)
+        self.critic_lagging = False
 
     def check(self, iteration: int, stats: dict[str, float]) -> list[Alarm]:
         c = self.cfg
@@ -113,12 +120,25 @@ class AlarmMonitor:
             entropy = stats.get("policy/entropy", math.inf)
             if entropy < c.alarm_entropy_min:
                 alarms.append(Alarm("entropy_collapse", iteration, f"entropy {entropy:.3f} < {c.alarm_entropy_min:g}"))
-            ev = stats.get("value/explained_variance", math.inf)
-            if ev < c.alarm_explained_variance_min:
-                alarms.append(Alarm("critic_lag", iteration,
-                                    f"explained variance {ev:.2f} < {c.alarm_explained_variance_min:g}"))
+            alarms += self._critic_lag(iteration, stats.get("value/explained_variance"))
         alarms += self._reward_hacking(iteration)
         return alarms
+
+    def _critic_lag(self, iteration: int, ev: float | None) -> list[Alarm]:
+        """critic_lag when the window of explained variances (after the warm-up; a NaN, undefined for constant
+        returns, is skipped) is full and its mean under the threshold, the first iteration it is: a lag is one alarm,
+        and another only after the mean has risen to the threshold again. No critic (GRPO, RLOO): nothing."""
+        if ev is None or math.isnan(ev):
+            return []
+        window = self.explained_variance
+        window.append(ev)
+        mean = sum(window) / len(window)
+        lagging = len(window) == window.maxlen and mean < self.cfg.alarm_explained_variance_min
+        fired, self.critic_lagging = lagging and not self.critic_lagging, lagging
+        if not fired:
+            return []
+        return [Alarm("critic_lag", iteration, f"explained variance {mean:.2f} over the last {len(window)} iterations "
+                                               f"< {self.cfg.alarm_explained_variance_min:g}")]
 
     def _change(self, key: str) -> float | None:
         """The least-squares change of `key` over a full window, or None while the window is filling."""

@@ -44,10 +44,44 @@ def test_an_explained_variance_undefined_by_constant_returns_is_no_nan_alarm():
 
 
 def test_entropy_and_critic_alarms_wait_for_the_warm_up():
-    m = AlarmMonitor(CFG)
+    m = AlarmMonitor(CFG.model_copy(update={"alarm_critic_window": 1}))
     low = {"policy/entropy": 0.01, "value/explained_variance": -0.2}
     assert names(m, 1, **low) == []
     assert names(m, 2, **low) == ["entropy_collapse", "critic_lag"]
+
+
+def critic_alarms(values, **cfg):
+    m = AlarmMonitor(PPOConfig(**{"alarm_after": 0, **cfg}))
+    return [it for it, ev in enumerate(values)
+            if "critic_lag" in names(m, it, **{"value/explained_variance": ev})]
+
+
+def test_a_critic_stuck_near_zero_fires_once_when_its_window_fills():
+    # smollm2-hh: 0.00-0.02 for 16 iterations, which the old rule (one iteration < 0.0) never caught. Window 5,
+    # threshold 0.1: the mean of iterations 0-4 is 0.01 < 0.1, so it fires at iteration 4, and not again while stuck.
+    stuck = [0.00, 0.02, 0.01, 0.00, 0.02, 0.01, 0.00, 0.02, 0.01, 0.00, 0.02, 0.01, 0.00, 0.02, 0.01, 0.00]
+    assert critic_alarms(stuck) == [4]
+
+
+def test_a_healthy_critic_and_a_one_iteration_dip_raise_nothing():
+    # The demo's PPO critic (seed 0, validation, 2026-12-07), and a dip to -0.5 for one iteration among 0.6s:
+    # the windowed means are 0.298 at iteration 4 and then higher; (0.6 x 4 - 0.5) / 5 = 0.38.
+    demo = [0.01, 0.31, 0.33, 0.46, 0.38, 0.50, 0.62, 0.64, 0.59, 0.78, 0.74, 0.78, 0.89]
+    assert critic_alarms(demo) == []
+    assert critic_alarms([0.6, 0.6, -0.5, 0.6, 0.6, 0.6, 0.6]) == []
+
+
+def test_a_critic_that_recovers_and_lags_again_fires_again():
+    # means of 5: it 4 -> 0.0 (fires); it 9 -> 0.5 (recovered); it 14 -> 0.0 again (fires)
+    assert critic_alarms([0.0] * 5 + [0.5] * 5 + [0.0] * 5) == [4, 14]
+    # undefined (NaN: constant returns) iterations are skipped, not counted as lag
+    assert critic_alarms([float("nan")] * 8) == []
+
+
+def test_no_critic_no_critic_alarm():
+    m = AlarmMonitor(PPOConfig(alarm_after=0, alarm_critic_window=1))
+    stats = {k: v for k, v in HEALTHY.items() if k != "value/explained_variance"}  # GRPO logs none
+    assert [a.name for it in range(3) for a in m.check(it, stats)] == []
 
 
 def test_reward_hacking_when_score_rises_and_gold_falls():
