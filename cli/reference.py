@@ -18,7 +18,8 @@ from rlhf_lib.ppo.alarms import RULES
 
 PRESETS = ("demo", "micro", "arithmetic", "arithmetic-tool", "gpt2-124m", "pythia-160m", "qwen-0.5b")
 RUN_TITLES = {"ppo": "PPO run (`ppo-<key>`), one value per iteration", "sft": "SFT run, one value per step",
-              "reward": "Reward run, one value per step", "data": "Data run", "eval": "Eval run"}
+              "reward": "Reward run, one value per step", "data": "Data run", "eval": "Eval run",
+              "dpo": "DPO run, one value per step (TRL's names)"}
 
 
 def _type(annotation: Any) -> str:

@@ -228,6 +228,30 @@ EVAL = (
        "two runs whose intervals overlap cannot be told apart"),
 )
 
+DPO = (
+    _m("loss", "DPO (or IPO: `dpo.loss_type`) loss of the step, the mean over its pairs",
+       "sigmoid flat at log 2 ≈ 0.69: nothing learned; NaN"),
+    _m("rewards/chosen rewards/rejected", "mean implicit reward β·(log π − log π_ref) of the chosen and the rejected "
+       "replies (log-probs summed over the reply's tokens)", "rewards/chosen falling as fast as rewards/rejected: "
+       "the policy lowers the likelihood of both (common; worrying when it runs away)"),
+    _m("rewards/margins rewards/accuracies", "mean of chosen − rejected implicit reward, and the share of the batch's "
+       "pairs where it is positive", "accuracies stuck near 0.5 (0 at step 0: every margin starts at 0)"),
+    _m("logps/chosen logps/rejected", "mean log π of the chosen and rejected replies (nats, summed over tokens)",
+       "both plunging: the policy leaves the data's distribution (lower the lr or raise β)"),
+    _m("dpo/loss_ema dpo/grad_norm dpo/lr dpo/epoch", "the loss's moving average, gradient norm before clipping, "
+       "learning rate, epoch"),
+    _m("dpo/final_loss_ema dpo/steps dpo/pairs", "the moving average at the end, optimizer steps and training pairs "
+       "(step 0)"),
+    _m("dpo/truncated_prompts dpo/truncated_responses", "rows (two per pair) cut to fit `dpo.max_length` (step 0)",
+       "most rows cut: raise it or `model.n_positions`"),
+    _m("dpo/heldout_accuracy", "share of the held-out pairs (those of reward/heldout_accuracy) whose chosen reply "
+       "gets the higher implicit reward β·(log π − log π_ref): DPO's reward model beside the trained one",
+       "well under reward/heldout_accuracy or the baselines: DPO learned less from the pairs than the RM"),
+    _m("dpo/heldout_accuracy_ci95_low dpo/heldout_accuracy_ci95_high", "Wilson 95 % interval of the held-out "
+       "accuracy", "two runs whose intervals overlap cannot be told apart"),
+    _m("dpo/heldout_margin", "mean held-out implicit-reward margin, chosen − rejected"),
+)
+
 # Logged on every stage's run (step 0) by the stage runner: what the build cost, for `rlhf plan` to be checked against.
 SYSTEM = (
     _m("system/peak_rss_gb system/build_seconds", "the stage process's peak resident memory while the stage built "
@@ -239,7 +263,7 @@ SYSTEM = (
 )
 
 RUNS = {"ppo": PPO + SYSTEM, "sft": SFT + SYSTEM, "reward": REWARD + SYSTEM, "data": DATA + SYSTEM,
-        "eval": EVAL + SYSTEM}
+        "eval": EVAL + SYSTEM, "dpo": DPO + SYSTEM}
 
 
 def _pattern(name: str) -> re.Pattern[str]:

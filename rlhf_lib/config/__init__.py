@@ -15,10 +15,11 @@ from pydantic import Field, model_validator
 from rlhf_lib.config.base import ConfigError, Section
 from rlhf_lib.config.data import COLUMN_NAMES, DataConfig, ModelConfig
 from rlhf_lib.config.ppo import PPOConfig
-from rlhf_lib.config.stages import EvalConfig, ResourcesConfig, RewardConfig, SFTConfig
+from rlhf_lib.config.stages import DPOConfig, EvalConfig, ResourcesConfig, RewardConfig, SFTConfig
 
-__all__ = ["COLUMN_NAMES", "ConfigError", "DataConfig", "EvalConfig", "ModelConfig", "PPOConfig", "PipelineConfig",
-           "ResourcesConfig", "RewardConfig", "SFTConfig", "Section", "build_config", "deep_merge", "set_dotted"]
+__all__ = ["COLUMN_NAMES", "ConfigError", "DPOConfig", "DataConfig", "EvalConfig", "ModelConfig", "PPOConfig",
+           "PipelineConfig", "ResourcesConfig", "RewardConfig", "SFTConfig", "Section", "build_config", "deep_merge",
+           "set_dotted"]
 
 
 class PipelineConfig(Section):
@@ -31,13 +32,14 @@ class PipelineConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     torch_threads: int = Field(2, ge=1, description="torch intra-op threads, set once per process.")
 
     @model_validator(mode="after")
     def _supervised_lora_in_one_process(self) -> "PipelineConfig":
         r = self.resources
-        for stage in ("sft", "reward"):
+        for stage in ("sft", "reward", "dpo"):
             if getattr(self, stage).lora and (r.num_processes > 1 or r.num_machines > 1):
                 raise ValueError(f"{stage}.lora trains in one process: set resources.num_processes=1 (and "
                                  "resources.num_machines=1), or turn it off")

@@ -23,7 +23,7 @@ def check_device(name: str) -> str:
     raise ValueError(f"expected auto, cpu, cuda or cuda:N (N a GPU index), got {name!r}")
 
 
-POOLED_STAGES = ("sft", "reward", "ppo", "eval")
+POOLED_STAGES = ("sft", "reward", "ppo", "eval", "dpo")
 
 
 def check_work_pools(pools: dict[str, str]) -> dict[str, str]:
@@ -222,9 +222,9 @@ class ResourcesConfig(Section):
     memory_gb: float | None = Field(None, gt=0, description="Memory budget of one device for the preflight "
                                     "estimate (`rlhf plan`); null = the GPU's total memory, or no check on CPU.")
     work_pools: Annotated[dict[str, str], AfterValidator(check_work_pools)] = Field(
-        {}, description="Stage -> Prefect work pool (sft, reward, ppo, eval), e.g. {ppo: gpu}: the `rlhf` flow runs "
-        "that stage through its deployment rlhf/<stage>, which must be on that pool, and waits for it; the other "
-        "stages run in the flow's own process. Artifacts travel through MLflow.")
+        {}, description="Stage -> Prefect work pool (sft, reward, ppo, eval, dpo), e.g. {ppo: gpu}: the `rlhf` flow "
+        "runs that stage through its deployment rlhf/<stage>, which must be on that pool, and waits for it; the "
+        "other stages run in the flow's own process. Artifacts travel through MLflow.")
     pool_timeout_s: float = Field(600.0, gt=0, description="How long a stage sent to a work pool waits for a worker "
                                   "to pick it up before failing with the pool's name (once running it has no limit).")
     num_machines: int = Field(1, ge=1, description="Machines (nodes) of SFT, RM and PPO training, each with "
@@ -250,3 +250,44 @@ class ResourcesConfig(Section):
                              "node; start the pipeline on every node instead (a flow run per node, each with its "
                              "machine_rank)")
         return self
+
+
+class DPOConfig(LoRAKeys):
+    """Direct preference optimisation (`stages.dpo`): a branch of the DAG beside reward model -> PPO that trains the
+    SFT model on the preference pairs directly, with the frozen SFT model as the reference."""
+
+    enabled: bool = Field(False, description="Run the DPO stage in the `full` pipeline (data -> sft -> dpo, beside "
+                          "the reward model and PPO; `rlhf run dpo` runs it whatever this says). Not part of the "
+                          "stage's cache key.")
+    beta: float = Field(0.1, gt=0, description="β: the strength of the implicit KL to the reference; the implicit "
+                        "reward of a reply is β·(log π − log π_ref), summed over its tokens.")
+    loss_type: Literal["sigmoid", "ipo"] = Field(
+        "sigmoid", description="sigmoid: DPO's −log σ(β·h), h = (log π_c − log π_ref,c) − (log π_r − log π_ref,r) "
+        "(Rafailov et al. 2023); ipo: (h − 1/(2β))², which stops pushing h at a finite margin (Azar et al. 2023). "
+        "TRL's definitions (`dpo_loss`), on log-probs summed over each response's tokens.")
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="sigmoid only: probability eps that a pair's label "
+                                   "is flipped (conservative DPO): −(1−eps) log σ(β·h) − eps log σ(−β·h). 0 = plain "
+                                   "DPO.")
+    epochs: int = Field(1, ge=1, description="Passes over the preference pairs.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
+                                  "schedule ends there too). null = every epoch.")
+    batch_size: int = Field(16, ge=1, description="Preference pairs per optimizer step (every pair of each ranked "
+                            "list, as the reward model takes them, shuffled over all lists).")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (linear decay to 0 after a 5% warm-up).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Global gradient-norm clip of each step.")
+    max_length: int = Field(96, ge=8, description="Longest prompt + response in tokens; longer rows are cut as SFT "
+                            "cuts them (the prompt from the left first).")
+    eval_batch_size: int = Field(64, ge=1, description="Pairs per forward pass of the reference log-probs and of the "
+                                 "held-out accuracy: caps their activation memory; the same results.")
+    seed: int = Field(0, description="Seed of the pairs' order (and of LoRA's initial adapters).")
+
+    @model_validator(mode="after")
+    def _smoothing_is_sigmoid_only(self) -> "DPOConfig":
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise ValueError(f"dpo.label_smoothing applies to loss_type sigmoid only (got loss_type {self.loss_type})")
+        return self
+
+    def key(self) -> dict:
+        """The config as the DPO stage's cache key reads it: without `enabled`, which only chooses whether it runs."""
+        return self.model_dump(exclude={"enabled"})

@@ -1,0 +1,157 @@
+"""DPO and IPO (`rlhf_lib.dpo`): the losses and their gradients by hand, the masks of the sequence log-probs, the
+pairs of a ranked list, the reference pass and a few steps of training on the tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_lib.config import DPOConfig
+from rlhf_lib.data.records import RankedExample
+from rlhf_lib.dpo import (
+    dpo_loss,
+    encode_pairs,
+    heldout_metrics,
+    pair_logps,
+    preference_pairs,
+    rows_logps,
+    sequence_logps,
+    step_stats,
+    train_dpo,
+)
+from rlhf_lib.events import Metrics, Recorder, metrics_log
+
+# One pair: log π(y_c) = -5, log π(y_r) = -7, log π_ref(y_c) = log π_ref(y_r) = -6, β = 0.1.
+# h = (-5 - -6) - (-7 - -6) = 1 - (-1) = 2, β·h = 0.2.
+PC, PR, RC, RR, BETA = -5.0, -7.0, -6.0, -6.0, 0.1
+SIG_02 = 1 / (1 + math.exp(-0.2))  # σ(0.2) = 0.549833997, σ(-0.2) = 0.450166003
+
+
+def _loss(loss_type: str, label_smoothing: float = 0.0):
+    pc, pr = torch.tensor([PC], requires_grad=True), torch.tensor([PR], requires_grad=True)
+    losses, chosen, rejected = dpo_loss(pc, pr, torch.tensor([RC]), torch.tensor([RR]), BETA, loss_type,
+                                        label_smoothing)
+    losses.sum().backward()
+    return float(losses.detach()), float(pc.grad), float(pr.grad), float(chosen), float(rejected)
+
+
+def test_sigmoid_loss_and_gradient_by_hand():
+    loss, g_c, g_r, chosen, rejected = _loss("sigmoid")
+    # -log σ(0.2) = log(1 + e^-0.2) = log(1.818730753) = 0.598138869
+    assert loss == pytest.approx(0.598138869, abs=1e-7)
+    # d/dπ_c = -β·σ(-β·h) = -0.1 × 0.450166003 = -0.0450166003; d/dπ_r is its opposite
+    assert g_c == pytest.approx(-0.0450166003, abs=1e-8) and g_r == pytest.approx(0.0450166003, abs=1e-8)
+    # implicit rewards β·(π - ref): 0.1 × 1 = 0.1 and 0.1 × -1 = -0.1
+    assert (chosen, rejected) == (pytest.approx(0.1), pytest.approx(-0.1))
+
+
+def test_label_smoothing_by_hand():
+    loss, g_c, g_r, _, _ = _loss("sigmoid", 0.25)
+    # 0.75 × -log σ(0.2) + 0.25 × -log σ(-0.2) = 0.75 × 0.598138869 + 0.25 × 0.798138869
+    #   = 0.448604152 + 0.199534717 = 0.648138869   (log(1 + e^0.2) = 0.598138869 + 0.2)
+    assert loss == pytest.approx(0.648138869, abs=1e-7)
+    # d/dπ_c = -β·[(1 - ε)·σ(-0.2) - ε·σ(0.2)] = -0.1 × (0.337624502 - 0.137458499) = -0.0200166003
+    assert g_c == pytest.approx(-0.0200166003, abs=1e-8) and g_r == pytest.approx(0.0200166003, abs=1e-8)
+    # the minimum sits at the finite β·h = log((1 - ε)/ε) = log 3: there σ(-log 3) = 1/4, σ(log 3) = 3/4 and the
+    # gradient -β·(0.75 × 1/4 - 0.25 × 3/4) = 0
+    pc = torch.tensor([RC + math.log(3) / BETA], requires_grad=True)
+    dpo_loss(pc, torch.tensor([RR]), torch.tensor([RC]), torch.tensor([RR]), BETA, "sigmoid", 0.25)[0].sum().backward()
+    assert float(pc.grad) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_ipo_loss_and_gradient_by_hand():
+    loss, g_c, g_r, _, _ = _loss("ipo")
+    # 1/(2β) = 5: (h - 5)² = (2 - 5)² = 9; d/dπ_c = 2·(h - 5) = -6, d/dπ_r = +6
+    assert loss == pytest.approx(9.0) and g_c == pytest.approx(-6.0) and g_r == pytest.approx(6.0)
+    # at h = 1/(2β) the loss and its gradient are 0: IPO stops at a finite margin
+    pc = torch.tensor([RC + 5.0], requires_grad=True)
+    out = dpo_loss(pc, torch.tensor([RR]), torch.tensor([RC]), torch.tensor([RR]), BETA, "ipo")[0]
+    out.sum().backward()
+    assert float(out.detach()) == 0.0 and float(pc.grad) == 0.0
+
+
+def test_step_stats_carry_trls_names():
+    losses, chosen, rejected = dpo_loss(torch.tensor([PC, -6.0]), torch.tensor([PR, -5.0]), torch.tensor([RC, -6.0]),
+                                        torch.tensor([RR, -6.0]), BETA)
+    # second pair: h = 0 - 1 = -1: rewards 0 and 0.1, a wrong order
+    stats = step_stats(losses, chosen, rejected, torch.tensor([PC, -6.0]), torch.tensor([PR, -5.0]))
+    assert set(stats) == {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                          "logps/chosen", "logps/rejected"}
+    assert stats["rewards/accuracies"] == 0.5
+    assert stats["rewards/margins"] == pytest.approx((0.2 + -0.1) / 2)
+    assert stats["logps/chosen"] == pytest.approx(-5.5) and stats["logps/rejected"] == pytest.approx(-6.0)
+
+
+def test_sequence_logps_counts_response_tokens_only():
+    # V=3, T=4: prompt token at t=0, response tokens at t=1 (label 1) and t=2 (label 2), padding at t=3.
+    # Position 0 predicts token 1 with logits [0, 0, 0] -> log 1/3; position 1 predicts token 2 with logits
+    # [0, 0, log 2] -> log 2/4. Position 2 predicts the padding: not counted, nor the prompt (t=0 as a target).
+    # Sum = log(1/3) + log(1/2) = -1.098612 - 0.693147 = -1.791759.
+    logits = torch.tensor([[[0.0, 0.0, 0.0], [0.0, 0.0, math.log(2)], [50.0, -50.0, 3.0], [7.0, 7.0, 7.0]]])
+    labels = torch.tensor([[-100, 1, 2, -100]])
+    assert float(sequence_logps(logits, labels)[0]) == pytest.approx(math.log(1 / 3) + math.log(1 / 2), abs=1e-6)
+    # changing the logits that predict masked tokens changes nothing
+    other = logits.clone()
+    other[0, 2:] = torch.randn(2, 3) * 10
+    assert torch.equal(sequence_logps(other, labels), sequence_logps(logits, labels))
+
+
+def test_a_row_scores_the_same_alone_and_padded_beside_a_longer_one(tiny_tokenizer, tiny_policy):
+    from rlhf_lib.data.records import PairExample
+
+    short = PairExample("\n\nHuman: hi\n\nAssistant:", " Sure.", " No.")
+    long = PairExample("\n\nHuman: topic 1 topic 1 topic 1\n\nAssistant:", " Sure, topic 1 is nice, very nice.",
+                       " No.")
+    enc = encode_pairs(tiny_tokenizer, [short, long], 64)
+    tiny_policy.eval()
+    with torch.no_grad():
+        alone = rows_logps(tiny_policy, [enc[0][0]], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        padded = rows_logps(tiny_policy, [enc[0][0], enc[1][0]], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        # a longer prompt before the same response changes log π(response), the prompt's own tokens do not count
+        prompt_only = sequence_logps(tiny_policy(torch.tensor([enc[0][0][0]])).logits,
+                                     torch.tensor([[-100] * len(enc[0][0][0])]))
+    assert float(padded[0]) == pytest.approx(float(alone[0]), abs=1e-5)
+    assert float(prompt_only[0]) == 0.0
+    chosen, rejected = pair_logps(tiny_policy, enc, tiny_tokenizer.pad_token_id, 1, torch.device("cpu"))
+    assert float(chosen[0]) == pytest.approx(float(alone[0]), abs=1e-5) and chosen.shape == rejected.shape == (2,)
+
+
+def test_every_pair_of_a_ranking_best_first():
+    pairs = preference_pairs([RankedExample("p", ("a", "b", "c")), RankedExample("q", ("x", "y"))])
+    assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("p", "a", "b"), ("p", "a", "c"), ("p", "b", "c"),
+                                                                ("q", "x", "y")]
+
+
+def test_heldout_accuracy_of_the_implicit_reward():
+    # pair 0: margin 0.1·((-5+6) - (-7+6)) = 0.2 > 0, right; pair 1: margin 0 (a tie), wrong
+    m = heldout_metrics((torch.tensor([-5.0, -3.0]), torch.tensor([-7.0, -3.0])),
+                        (torch.tensor([-6.0, -3.0]), torch.tensor([-6.0, -3.0])), 0.1)
+    assert m["dpo/heldout_accuracy"] == 0.5 and m["dpo/heldout_margin"] == pytest.approx(0.1)
+    assert m["dpo/heldout_accuracy_ci95_low"] < 0.5 < m["dpo/heldout_accuracy_ci95_high"]
+
+
+def test_label_smoothing_is_for_the_sigmoid_loss_only():
+    with pytest.raises(ValueError, match="sigmoid only"):
+        DPOConfig(loss_type="ipo", label_smoothing=0.1)
+
+
+EXAMPLES = [RankedExample(f"\n\nHuman: topic {i}\n\nAssistant:", (f" Sure, topic {i} is nice.", " No.", " Hm."))
+            for i in range(4)]
+
+
+@pytest.mark.parametrize("options", [{}, {"loss_type": "ipo"}, {"lora": True, "lora_r": 2}])
+def test_training_starts_at_the_reference_and_moves_the_margin(tiny_tokenizer, tiny_policy, options):
+    cfg = DPOConfig(batch_size=4, epochs=3, lr=5e-3, max_length=32, **options)
+    rec = Recorder()
+    final, model = train_dpo(tiny_policy, tiny_tokenizer, EXAMPLES, cfg, metrics_log(rec))
+    steps = [e.values for e in rec.of(Metrics)]
+    assert len(steps) == final["dpo/steps"] == 9 and final["dpo/pairs"] == 12  # 4 lists × 3 pairs, 3 per epoch
+    # step 0 scores the reference itself: every implicit reward is 0, the loss log 2 (sigmoid) or (1/(2β))² (ipo)
+    assert steps[0]["rewards/chosen"] == pytest.approx(0.0, abs=1e-5)
+    assert steps[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)
+    first = 25.0 if cfg.loss_type == "ipo" else math.log(2)
+    assert steps[0]["loss"] == pytest.approx(first, abs=1e-4)
+    assert steps[-1]["rewards/margins"] > 0.0 and steps[-1]["loss"] < first
+    assert not hasattr(model, "peft_config")  # LoRA's adapters merged: a plain transformers model
