@@ -30,6 +30,8 @@ OOM_KEYS = {
            "ppo.logprob_chunk, ppo.score_batch_size, ppo.batch_size, resources.frozen_dtype=bfloat16, ppo.lora=true, "
            "ppo.critic=shared or ppo.advantage_estimator=grpo",
     "eval": "eval.batch_size, eval.max_new_tokens",
+    "dpo": "dpo.batch_size, dpo.max_length, resources.gradient_checkpointing=true, dpo.lora=true, "
+           "dpo.eval_batch_size",
 }
 # torch's headline in a launched process's stderr: "torch.OutOfMemoryError: CUDA out of memory. Tried to ...".
 _OOM_LINE = re.compile(r"(torch\.(cuda\.)?OutOfMemoryError|CUDA out of memory).*")

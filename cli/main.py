@@ -22,7 +22,7 @@ from cli.runtime import configure_env, flow_settings, start_prefect, warm_up
 from cli.signals import exit_on_sigterm, terminated
 from flows.settings import load_config, preset_names
 
-PIPELINES = ("full", "sft", "reward", "ppo", "eval")
+PIPELINES = ("full", "sft", "reward", "ppo", "eval", "dpo")
 DEPLOYMENTS = PIPELINES
 
 

@@ -1,5 +1,6 @@
-"""The `rlhf` flow: data -> sft -> reward -> ppo -> eval, each a cached sub-flow. It reads like a table of
-contents; the stages do the work."""
+"""The `rlhf` flow: data -> sft -> reward -> ppo -> eval, each a cached sub-flow, and the branch data -> sft -> dpo
+beside the reward model and PPO (`dpo.enabled`, or the `dpo` pipeline). It reads like a table of contents; the
+stages do the work."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from stages.artifact_cache import clean_staging
 from stages.cache import StageResult, given_model
 from stages.context import RunContext
 from stages.data import data_stage
+from stages.dpo import dpo_stage
 from stages.eval import eval_stage
 from stages.owner import owner_tags
 from stages.ppo import ppo_control_stage, ppo_stage
@@ -30,18 +32,23 @@ from stages.reward import reward_stage
 from stages.sft import sft_stage
 from stages.tracking import RetryingClient, setup_mlflow, tracking_uri
 
-Pipeline = Literal["full", "sft", "reward", "ppo", "eval"]
+Pipeline = Literal["full", "sft", "reward", "ppo", "eval", "dpo"]
 STAGES = ("data", "sft", "reward", "ppo", "eval")
-LAST_STAGE = {"full": "eval", "eval": "eval", "ppo": "ppo", "reward": "reward", "sft": "sft"}
+# Branches off the chain: stage -> the last stage of the chain it reads (DPO trains the SFT model on the data's pairs).
+BRANCHES = {"dpo": "sft"}
+LAST_STAGE = {"full": "eval", "eval": "eval", "ppo": "ppo", "reward": "reward", "sft": "sft", "dpo": "sft"}
 
 
 def downstream_of(stages: list[str]) -> list[str]:
-    """The named stages and every stage after them: a recomputed stage invalidates what it feeds."""
-    bad = sorted(set(stages) - set(STAGES))
+    """The named stages and every stage after them: a recomputed stage invalidates what it feeds (a branch such as
+    dpo is after the chain's stages up to the one it reads)."""
+    known = [*STAGES, *BRANCHES]
+    bad = sorted(set(stages) - set(known))
     if bad:
-        raise ValueError(f"force: unknown stage(s) {bad}; expected some of {list(STAGES)}")
-    first = min((STAGES.index(s) for s in stages), default=len(STAGES))
-    return list(STAGES[first:])
+        raise ValueError(f"force: unknown stage(s) {bad}; expected some of {known}")
+    first = min((STAGES.index(s) for s in stages if s in STAGES), default=len(STAGES))
+    chain = list(STAGES[first:])
+    return chain + [b for b, parent in BRANCHES.items() if b in stages or parent in chain]
 
 
 def reward_model_uri(config: PipelineConfig, reward_model: str | None) -> str | None:
@@ -110,6 +117,7 @@ def rlhf(
     """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
 
     `force` names stages to recompute even on a cache hit, together with every stage after them.
+    The `dpo` pipeline runs data -> sft -> dpo; `full` runs dpo too, after the chain, when `dpo.enabled`.
     `sft_model` / `reward_model` take a model URI (`models:/rlhf-reward/3`, `models:/rlhf-reward@champion`,
     `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
     `preset` (the deployments set it): the keys `config` was given are merged onto that preset, so a partial config
@@ -191,12 +199,16 @@ def rlhf(
             else:
                 results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
                                                            results["ppo"], controls)
+        if pipeline == "dpo" or (pipeline == "full" and config.dpo.enabled):  # the branch beside RM -> PPO
+            results["dpo"] = on_pool("dpo") or dpo_stage(config, ctx, results["data"], results["sft"])
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise
     if last == 2 and "reward" in results and results["reward"].source is None and not follower:
         # `rlhf run reward`: the held-out accuracy of the RM it trained is the pipeline's figure
         eval_metrics = reward_figures(client.get_run(results["reward"].mlflow_run_id).data.metrics)
+    if "dpo" in results and not follower:  # the held-out accuracy of its implicit reward, beside the RM's
+        eval_metrics = (eval_metrics or {}) | dpo_figures(client.get_run(results["dpo"].mlflow_run_id).data.metrics)
     all_cached = all(r.status == "cached" for r in [*results.values(), *controls.values()])
     skipped = ({"reward": {"status": "skipped", "seconds": 0.0, "mlflow_run_id": "",
                            "reason": "no reward source of kind model in ppo.rewards"}}
@@ -205,8 +217,8 @@ def rlhf(
     summary = {
         "pipeline": pipeline, "status": "completed", "mlflow_tracking_uri": tracking_uri(),
         "mlflow_experiment_id": experiment_id, "mlflow_run_id": parent_id, "prefect_flow_run_id": str(flow_run.id or ""),
-        "stages": {k: stage_summary(results[k], placed.get(k)) if k in results else skipped[k] for k in STAGES
-                   if k in results or k in skipped}
+        "stages": {k: stage_summary(results[k], placed.get(k)) if k in results else skipped[k]
+                   for k in (*STAGES, *BRANCHES) if k in results or k in skipped}
         | {f"ppo-{name}": stage_summary(result, None) for name, result in controls.items()},
         "eval": eval_metrics, "seconds": round(time.perf_counter() - t0, 2),
     }
@@ -225,6 +237,16 @@ def reward_figures(metrics: dict[str, float]) -> dict:
         return {}
     return {"reward_model_accuracy": acc, "reward_model_accuracy_ci95": [
         metrics["reward/heldout_accuracy_ci95_low"], metrics["reward/heldout_accuracy_ci95_high"]]}
+
+
+def dpo_figures(metrics: dict[str, float]) -> dict:
+    """The held-out figures of the `dpo` pipeline, from the DPO run's MLflow metrics: the share of the held-out pairs
+    (the reward model's) that the implicit reward β·(log π − log π_ref) orders right, with its 95 % interval."""
+    acc = metrics.get("dpo/heldout_accuracy")
+    if acc is None:
+        return {}
+    return {"dpo_accuracy": acc, "dpo_accuracy_ci95": [metrics["dpo/heldout_accuracy_ci95_low"],
+                                                       metrics["dpo/heldout_accuracy_ci95_high"]]}
 
 
 class NoParentRun:

@@ -47,7 +47,7 @@ from stages.tracking import (
 )
 
 VARIANT_TAG = "rlhf.variant"  # a control arm's run: logged and cached, never registered
-ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report"}
+ARTIFACT_DIR = {"data": "data", "sft": "model", "reward": "model", "ppo": "model", "eval": "report", "dpo": "model"}
 
 
 def warn(message: str) -> None:

@@ -13,6 +13,7 @@ _reporter: Reporter | None = None
 FIGURES = {
     "sft": {"sft/loss_ema": "loss"},
     "reward": {"reward/loss": "loss", "reward/train_accuracy_ema": "acc"},
+    "dpo": {"dpo/loss_ema": "loss", "rewards/accuracies": "acc"},
     "ppo": {"objective/score_raw": "score", "objective/kl": "kl", "response/length_mean": "len",
             "objective/gold": "gold"},
 }

@@ -25,7 +25,7 @@ from stages.owner import owner_tags
 from stages.retry import configure_client, retrying, transient
 
 EXPERIMENT = "rlhf"
-MODEL_NAMES = {"sft": "rlhf-sft", "reward": "rlhf-reward", "ppo": "rlhf-policy"}
+MODEL_NAMES = {"sft": "rlhf-sft", "reward": "rlhf-reward", "ppo": "rlhf-policy", "dpo": "rlhf-dpo"}
 MAX_BUFFERED_METRICS = 200_000
 # A training loop logs every step: its metrics are sent at most this often, all of them, in order; after a failed
 # send the next try waits `SEND_BACKOFF_S`, so a dead store costs the loop one request timeout per that period.
