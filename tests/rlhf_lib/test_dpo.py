@@ -155,3 +155,23 @@ def test_training_starts_at_the_reference_and_moves_the_margin(tiny_tokenizer, t
     assert steps[0]["loss"] == pytest.approx(first, abs=1e-4)
     assert steps[-1]["rewards/margins"] > 0.0 and steps[-1]["loss"] < first
     assert not hasattr(model, "peft_config")  # LoRA's adapters merged: a plain transformers model
+
+
+def test_the_launched_entry_reads_its_job_as_the_launcher_writes_it(tiny_tokenizer, tiny_policy, tmp_path):
+    """`launched` on a job built as `stages.supervised.train_supervised` builds it (JSON of the examples and config),
+    in this one process: the examples and config come back typed, the trained model and final metrics are written."""
+    import dataclasses
+    import json
+
+    from rlhf_lib.dpo import launched
+    from rlhf_lib.model_dirs import save_model
+
+    save_model(tiny_policy, tiny_tokenizer, tmp_path / "init")
+    job = json.loads(json.dumps({"config": DPOConfig(batch_size=4, max_steps=2, max_length=32).model_dump(),
+                                 "mixed_precision": "no", "device": "cpu", "gradient_checkpointing": False,
+                                 "examples": [dataclasses.asdict(e) for e in EXAMPLES]}))
+    rec = Recorder()
+    launched(job, tmp_path, rec)
+    assert len(rec.of(Metrics)) == 2
+    assert json.loads((tmp_path / "final.json").read_text())["dpo/pairs"] == 12
+    assert (tmp_path / "out" / "config.json").is_file()
