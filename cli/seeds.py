@@ -11,11 +11,11 @@ from rlhf_lib.config import ConfigError, PipelineConfig
 from rlhf_lib.intervals import split_intervals, spread
 
 # Every seed of the pipeline but the held-out sampling's (eval.seed): with seed S the data, the models'
-# initialisation, SFT's and the RM's data order and PPO's sampling all change; seed 0 is the default config.
-SEED_KEYS = ("data", "model", "sft", "reward", "ppo")
+# initialisation, SFT's, the RM's and DPO's data order and PPO's sampling all change; seed 0 is the default config.
+SEED_KEYS = ("data", "model", "sft", "reward", "ppo", "dpo")
 # The figures the spread is reported for (those a summary has: gold figures only where there is a judge).
 FIGURES = ("win_rate_vs_sft", "rm_win_rate_vs_sft", "gold_reward_mean", "gold_reward_mean_sft", "reward_mean",
-           "kl_to_ref", "response_length_mean", "reward_model_accuracy")
+           "kl_to_ref", "response_length_mean", "reward_model_accuracy", "dpo_accuracy")
 
 
 def parse_seeds(text: str) -> list[int]:

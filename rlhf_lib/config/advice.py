@@ -39,6 +39,7 @@ LR_CEILINGS = (
     ("reward.lr", 1e-4, "1e-5 (TRL's reward-model example), 5e-5 for GPT-2 124M (lm-human-preferences)"),
     ("ppo.lr", 2e-5, "3e-6 (N+ details, TRL's PPO docs) or 5e-7 (OpenRLHF)"),
     ("ppo.value_lr", 2e-5, "9e-6 (OpenRLHF's critic_learning_rate)"),
+    ("dpo.lr", 2e-6, "1e-6 (the DPO paper, TRL's DPOConfig default) or 5e-7 (Zephyr)"),
 )
 # The tiny model's context; pretrained models read 1024 tokens or more.
 MIN_POSITIONS = 256
@@ -56,15 +57,15 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
     the key, its value, and a literature value or the preset to start from."""
     policy, reward = cfg.model.name_or_path, cfg.model.name_or_path or cfg.reward.name_or_path
     out: list[str] = []
-    # Keys of a stage that trains nothing: SFT with max_steps 0, the reward stage without a reward model.
-    idle = {"sft": cfg.sft.max_steps == 0, "reward": cfg.ppo.reward_model is None}
+    # Keys of a stage that trains nothing: SFT with max_steps 0, the reward stage without a reward model, DPO off.
+    idle = {"sft": cfg.sft.max_steps == 0, "reward": cfg.ppo.reward_model is None, "dpo": not cfg.dpo.enabled}
     for key, ceiling, sized in LR_CEILINGS:
         loaded = reward if key.startswith("reward.") else policy
         value = _get(cfg, key)
         if not loaded or value is None or value <= ceiling or idle.get(key.split(".")[0]):
             continue
-        if key.startswith("ppo.") and cfg.ppo.lora:
-            continue  # LoRA adapters train at larger rates; no source above sizes them for PPO
+        if (key.startswith("ppo.") and cfg.ppo.lora) or (key.startswith("dpo.") and cfg.dpo.lora):
+            continue  # LoRA adapters train at larger rates; no source above sizes them for PPO or DPO
         out.append(f"{key}={value:g} is sized for the built-in tiny GPT-2; a pretrained model ({loaded}) "
                    f"fine-tunes at about {sized}: set it, or {presets_hint(cfg.name)}")
     if policy and cfg.model.n_positions < MIN_POSITIONS and cfg.data.task != "arithmetic":  # arithmetic rows: short
@@ -75,7 +76,7 @@ def tiny_defaults(cfg: PipelineConfig) -> list[str]:
         out.append(f"ppo.logprob_chunk=null projects every response position of {policy} to its whole vocabulary at "
                    "once (a (rows, response, vocabulary) float32 block, kept for the backward pass): set "
                    f"ppo.logprob_chunk=64, or {presets_hint(cfg.name)}")
-    for key in ("sft.max_length", "reward.max_length"):
+    for key in ("sft.max_length", "reward.max_length", "dpo.max_length"):
         loaded = reward if key.startswith("reward.") else policy
         if loaded and _get(cfg, key) < MIN_LENGTH and not idle[key.split(".")[0]]:
             out.append(f"{key}={_get(cfg, key)} cuts the training rows of {loaded} to that many tokens (sized for "

@@ -84,6 +84,20 @@ def test_force_dpo_retrains_only_the_branch(first):
     assert statuses(out) == {"data": "cached", "sft": "cached", "dpo": "ran"}
 
 
+def test_the_full_pipeline_runs_the_branch_when_enabled_from_the_same_cache(first):
+    from flows.pipeline import rlhf
+
+    out = rlhf(config=load_config("micro", None, SETS), pipeline="full")
+    assert statuses(out) == {"data": "cached", "sft": "cached", "reward": "ran", "ppo": "ran", "eval": "ran",
+                             "dpo": "cached"}  # the dpo pipeline's run: one key whichever pipeline runs it
+    run = MlflowClient().get_run(out["stages"]["dpo"]["mlflow_run_id"])  # the newest of the key (force's above)
+    assert run.data.tags["rlhf.stage"] == "dpo" and run.info.run_id in {r.info.run_id for r in
+                                                                        dpo_runs(first["mlflow_experiment_id"])}
+    # its figure beside the reward model's, on the same held-out pairs
+    assert out["eval"]["dpo_accuracy"] == run.data.metrics["dpo/heldout_accuracy"]
+    assert "reward_model_accuracy" in out["eval"]
+
+
 def test_the_branch_follows_what_it_reads():
     from flows.pipeline import downstream_of
 

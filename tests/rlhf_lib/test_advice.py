@@ -86,3 +86,10 @@ def test_load_config_warns_once_per_key():
     texts = [str(w.message) for w in got if w.category is TinyDefaultsWarning]
     # The demo preset's own reward.lr (1e-3) is named, not the schema default.
     assert any(t.startswith("reward.lr=0.001 ") for t in texts) and len(texts) == 7
+
+
+def test_dpo_keys_are_advised_only_when_dpo_runs():
+    assert not [m for m in tiny_defaults(_cfg(model={"name_or_path": "gpt2"})) if m.startswith("dpo.")]
+    cfg = _cfg(model={"name_or_path": "gpt2"}, dpo={"enabled": True})
+    msgs = [m for m in tiny_defaults(cfg) if m.startswith("dpo.")]
+    assert [m.split("=")[0] for m in msgs] == ["dpo.lr", "dpo.max_length"] and "1e-6" in msgs[0]
