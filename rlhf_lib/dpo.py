@@ -144,7 +144,8 @@ def pair_logps(model: PreTrainedModel, encoded: Sequence[tuple[Row, Row]], pad_i
 def reference_logps(model: PreTrainedModel, encoded: Sequence[tuple[Row, Row]], pad_id: int, batch_size: int,
                     device: torch.device, adapters=None) -> tuple[torch.Tensor, torch.Tensor]:
     """`pair_logps` of the reference: the model before its first step, or with LoRA (`adapters`, the peft wrapper
-    `add_lora` returned) the same model with its adapters disabled, so no copy of the weights is kept."""
+    `add_lora` returned) the same model with its adapters disabled, so no copy of the weights is kept.
+    Shapes: N pairs -> (N,), (N,) float32 on the CPU."""
     off = adapters.disable_adapter() if adapters is not None else contextlib.nullcontext()
     with off:
         return pair_logps(model, encoded, pad_id, batch_size, device)
