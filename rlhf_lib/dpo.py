@@ -7,10 +7,15 @@ A pair (prompt x, chosen y_c, rejected y_r) is scored by the log-ratio differenc
     h = (log π(y_c|x) − log π_ref(y_c|x)) − (log π(y_r|x) − log π_ref(y_r|x)),
 
 each log-prob summed over the response's tokens (its EOS included; prompt and padding never count). The losses are
-TRL's (`trl.DPOTrainer.dpo_loss`): sigmoid −(1 − ε) log σ(β·h) − ε log σ(−β·h) (ε: cDPO's label smoothing), ipo
-(h − 1/(2β))². β·(log π − log π_ref) is the implicit reward of a reply, whose share of held-out pairs in the right
-order is the figure that sits beside the reward model's accuracy. The metrics carry TRL's names (`rewards/chosen`,
-`rewards/rejected`, `rewards/margins`, `rewards/accuracies`, `logps/chosen`, `logps/rejected`, `loss`).
+TRL 1.12's (`DPOTrainer._compute_loss`, checked against it on one batch by `benchmarks/dpo_vs_trl.py`): sigmoid
+−log σ(β·h); ipo (h̄ − 1/(2β))², where h̄ is h with each reply's log-ratio divided by its response tokens (EOS
+included), the mean per token rather than the sum. With label smoothing ε the sigmoid loss is cDPO's
+−(1 − ε) log σ(β·h) − ε log σ(−β·h), as TRL's sigmoid computed it up to 0.28; TRL ≥ 0.29 ignores `label_smoothing`
+for sigmoid (it reads it for its robust, exo_pair and aot losses only). β·(log π − log π_ref), summed over the tokens
+for either loss, is the implicit reward of a reply, whose share of held-out pairs in the right order (a tie is
+wrong) is the figure that sits beside the reward model's accuracy. The metrics carry TRL's names (`rewards/chosen`,
+`rewards/rejected`, `rewards/margins`, `rewards/accuracies`, `logps/chosen`, `logps/rejected`, `loss`) and TRL's
+definitions.
 
 The reference is the SFT model the policy starts from: its log-probs of every pair are computed once, in one pass
 before the first step (with LoRA, the same model with its adapters disabled), and kept.
@@ -71,6 +76,14 @@ def encode_pairs(tokenizer: PreTrainedTokenizerBase, pairs: Sequence[PairExample
              encode_prompt_response(tokenizer, p.prompt, p.rejected, max_length)) for p in pairs]
 
 
+def response_tokens(encoded: Sequence[tuple[Row, Row]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """How many response tokens (EOS included) each pair's chosen and rejected rows hold, at least 1: IPO's divisors,
+    TRL's `completion_mask.sum(dim=1).clamp(min=1.0)`. Shapes: N pairs -> (N,), (N,) float32."""
+    n = torch.tensor([[len(c[0]) - c[1], len(r[0]) - r[1]] for c, r in encoded], dtype=torch.float32).reshape(-1, 2)
+    n = n.clamp(min=1.0)
+    return n[:, 0], n[:, 1]
+
+
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """log π(response | prompt): the log-probs of the label tokens summed over each row, in float32.
 
@@ -84,25 +97,33 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0
+             ref_rejected: torch.Tensor, beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
+             chosen_tokens: torch.Tensor | None = None, rejected_tokens: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-pair loss and the implicit rewards of chosen and rejected, as TRL's `dpo_loss` defines them.
+    """Per-pair loss and the implicit rewards of chosen and rejected, as TRL 1.12's `DPOTrainer` computes them.
 
     h = (policy_chosen − ref_chosen) − (policy_rejected − ref_rejected);
-    sigmoid: −(1 − ε) log σ(β·h) − ε log σ(−β·h); ipo: (h − 1/(2β))².
-    Rewards: β·(policy − ref), without gradient.
+    sigmoid: −(1 − ε) log σ(β·h) − ε log σ(−β·h) (ε = 0 in TRL ≥ 0.29, which ignores label smoothing here);
+    ipo: (h̄ − 1/(2β))², h̄ = (policy_chosen − ref_chosen)/chosen_tokens − (policy_rejected − ref_rejected)/
+    rejected_tokens: the log-ratios per response token (`response_tokens`), which ipo requires.
+    Rewards: β·(policy − ref), summed over the tokens whatever the loss, without gradient.
 
-    Shapes: each log-prob (N,) (summed over a response's tokens) -> losses (N,), chosen rewards (N,), rejected
-    rewards (N,).
+    Shapes: each log-prob (N,) (summed over a response's tokens), token counts (N,) -> losses (N,), chosen rewards
+    (N,), rejected rewards (N,).
     """
-    h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    chosen_ratio, rejected_ratio = policy_chosen - ref_chosen, policy_rejected - ref_rejected
     if loss_type == "sigmoid":
+        h = chosen_ratio - rejected_ratio
         losses = -F.logsigmoid(beta * h) * (1 - label_smoothing) - F.logsigmoid(-beta * h) * label_smoothing
     elif loss_type == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
+        if chosen_tokens is None or rejected_tokens is None:
+            raise ValueError("dpo_loss: loss_type ipo needs each reply's response tokens (chosen_tokens, "
+                             "rejected_tokens)")
+        h_mean = chosen_ratio / chosen_tokens - rejected_ratio / rejected_tokens
+        losses = (h_mean - 1 / (2 * beta)) ** 2
     else:
         raise ValueError(f"dpo.loss_type: unknown {loss_type!r}; expected sigmoid or ipo")
-    return losses, beta * (policy_chosen - ref_chosen).detach(), beta * (policy_rejected - ref_rejected).detach()
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
 def step_stats(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
@@ -171,6 +192,7 @@ def train_dpo(
     if not pairs:
         raise ValueError("dpo: the preference data holds no pair (every ranked list has one response)")
     encoded = encode_pairs(tokenizer, pairs, cfg.max_length)
+    chosen_tokens, rejected_tokens = response_tokens(encoded)
     total = n_batches(len(pairs), cfg.batch_size, cfg.epochs, cfg.max_steps)  # the schedule ends at max_steps
     adapted = add_lora(model, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules, cfg.seed) if cfg.lora else None
     opt, sched = adamw_with_linear_schedule(trainable(model), cfg.lr, cfg.weight_decay, total)
@@ -189,7 +211,7 @@ def train_dpo(
         policy_chosen, policy_rejected = lp[: len(mb)], lp[len(mb) :]
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             policy_chosen, policy_rejected, ref_chosen[idx].to(lp.device), ref_rejected[idx].to(lp.device), cfg.beta,
-            cfg.loss_type, cfg.label_smoothing)
+            cfg.loss_type, cfg.label_smoothing, chosen_tokens[idx].to(lp.device), rejected_tokens[idx].to(lp.device))
         loss, _ = global_share(group, losses.mean(), float(len(mb)) if real else 0.0, lp)
         loss_value, grad_norm = run.step(loss, sched, cfg.max_grad_norm, "DPO", step)
         stats = step_stats(losses, chosen_rewards, rejected_rewards, policy_chosen, policy_rejected)

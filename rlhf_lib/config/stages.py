@@ -262,12 +262,14 @@ class DPOConfig(LoRAKeys):
     beta: float = Field(0.1, gt=0, description="β: the strength of the implicit KL to the reference; the implicit "
                         "reward of a reply is β·(log π − log π_ref), summed over its tokens.")
     loss_type: Literal["sigmoid", "ipo"] = Field(
-        "sigmoid", description="sigmoid: DPO's −log σ(β·h), h = (log π_c − log π_ref,c) − (log π_r − log π_ref,r) "
-        "(Rafailov et al. 2023); ipo: (h − 1/(2β))², which stops pushing h at a finite margin (Azar et al. 2023). "
-        "TRL's definitions (`dpo_loss`), on log-probs summed over each response's tokens.")
+        "sigmoid", description="sigmoid: DPO's −log σ(β·h), h = (log π_c − log π_ref,c) − (log π_r − log π_ref,r), "
+        "log-probs summed over each response's tokens (Rafailov et al. 2023); ipo: (h̄ − 1/(2β))², h̄ the same "
+        "difference of the log-ratios divided by each response's tokens (EOS included), which stops pushing at a "
+        "finite margin (Azar et al. 2023). TRL 1.12's definitions (`benchmarks/dpo_vs_trl.py`).")
     label_smoothing: float = Field(0.0, ge=0, lt=0.5, description="sigmoid only: probability eps that a pair's label "
-                                   "is flipped (conservative DPO): −(1−eps) log σ(β·h) − eps log σ(−β·h). 0 = plain "
-                                   "DPO.")
+                                   "is flipped (conservative DPO): −(1−eps) log σ(β·h) − eps log σ(−β·h), as TRL's "
+                                   "sigmoid computed it up to 0.28 (TRL ≥ 0.29 ignores label_smoothing for sigmoid). "
+                                   "0 = plain DPO.")
     epochs: int = Field(1, ge=1, description="Passes over the preference pairs.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (the learning-rate "
                                   "schedule ends there too). null = every epoch.")

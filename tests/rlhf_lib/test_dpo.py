@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlhf_lib.config import DPOConfig
+from rlhf_lib.data.collate import sft_rows
 from rlhf_lib.data.records import RankedExample
 from rlhf_lib.dpo import (
     dpo_loss,
@@ -16,6 +17,7 @@ from rlhf_lib.dpo import (
     heldout_metrics,
     pair_logps,
     preference_pairs,
+    response_tokens,
     rows_logps,
     sequence_logps,
     step_stats,
@@ -29,10 +31,10 @@ PC, PR, RC, RR, BETA = -5.0, -7.0, -6.0, -6.0, 0.1
 SIG_02 = 1 / (1 + math.exp(-0.2))  # σ(0.2) = 0.549833997, σ(-0.2) = 0.450166003
 
 
-def _loss(loss_type: str, label_smoothing: float = 0.0):
+def _loss(loss_type: str, label_smoothing: float = 0.0, tokens: tuple[float, float] = (1.0, 1.0)):
     pc, pr = torch.tensor([PC], requires_grad=True), torch.tensor([PR], requires_grad=True)
     losses, chosen, rejected = dpo_loss(pc, pr, torch.tensor([RC]), torch.tensor([RR]), BETA, loss_type,
-                                        label_smoothing)
+                                        label_smoothing, torch.tensor([tokens[0]]), torch.tensor([tokens[1]]))
     losses.sum().backward()
     return float(losses.detach()), float(pc.grad), float(pr.grad), float(chosen), float(rejected)
 
@@ -62,14 +64,42 @@ def test_label_smoothing_by_hand():
 
 
 def test_ipo_loss_and_gradient_by_hand():
+    # one token each: the mean is the sum. 1/(2β) = 5: (h - 5)² = (2 - 5)² = 9; d/dπ_c = 2·(h - 5) = -6, d/dπ_r = +6
     loss, g_c, g_r, _, _ = _loss("ipo")
-    # 1/(2β) = 5: (h - 5)² = (2 - 5)² = 9; d/dπ_c = 2·(h - 5) = -6, d/dπ_r = +6
     assert loss == pytest.approx(9.0) and g_c == pytest.approx(-6.0) and g_r == pytest.approx(6.0)
     # at h = 1/(2β) the loss and its gradient are 0: IPO stops at a finite margin
     pc = torch.tensor([RC + 5.0], requires_grad=True)
-    out = dpo_loss(pc, torch.tensor([RR]), torch.tensor([RC]), torch.tensor([RR]), BETA, "ipo")[0]
+    one = torch.tensor([1.0])
+    out = dpo_loss(pc, torch.tensor([RR]), torch.tensor([RC]), torch.tensor([RR]), BETA, "ipo", 0.0, one, one)[0]
     out.sum().backward()
     assert float(out.detach()) == 0.0 and float(pc.grad) == 0.0
+
+
+def test_ipo_averages_the_log_ratios_over_the_response_tokens_as_trl():
+    # chosen 2 response tokens, rejected 4: h̄ = (-5 - -6)/2 - (-7 - -6)/4 = 0.5 + 0.25 = 0.75 (the summed h is 2)
+    loss, g_c, g_r, chosen, rejected = _loss("ipo", tokens=(2.0, 4.0))
+    # (0.75 - 5)² = (-4.25)² = 18.0625
+    assert loss == pytest.approx(18.0625)
+    # d/dπ_c = 2·(h̄ - 5)/2 = -4.25; d/dπ_r = 2·(h̄ - 5)·(-1/4) = +2.125
+    assert g_c == pytest.approx(-4.25) and g_r == pytest.approx(2.125)
+    # the implicit rewards stay summed over the tokens: 0.1 × 1 and 0.1 × -1, as TRL logs them
+    assert (chosen, rejected) == (pytest.approx(0.1), pytest.approx(-0.1))
+    # the sigmoid loss ignores the counts: the same as with one token each
+    assert _loss("sigmoid", tokens=(2.0, 4.0))[0] == pytest.approx(_loss("sigmoid")[0])
+    with pytest.raises(ValueError, match="response tokens"):
+        dpo_loss(torch.tensor([PC]), torch.tensor([PR]), torch.tensor([RC]), torch.tensor([RR]), BETA, "ipo")
+
+
+def test_response_tokens_count_the_scored_tokens_eos_included(tiny_tokenizer):
+    pairs = preference_pairs([RankedExample("Human: hi", ("Sure, topic 1 is nice.", "no"))])
+    encoded = encode_pairs(tiny_tokenizer, pairs, max_length=64)
+    chosen, rejected = response_tokens(encoded)
+    # the labels sequence_logps scores (every one but the prompt's and padding) are as many as the counts
+    for row, n in ((encoded[0][0], chosen), (encoded[0][1], rejected)):
+        labels = sft_rows([row], tiny_tokenizer.pad_token_id)["labels"]
+        assert int((labels[:, 1:] != -100).sum()) == int(n[0])
+        assert row[0][-1] == tiny_tokenizer.eos_token_id  # the EOS is one of them
+    assert int(rejected[0]) == len(tiny_tokenizer("no", add_special_tokens=False)["input_ids"]) + 1
 
 
 def test_step_stats_carry_trls_names():
@@ -82,6 +112,13 @@ def test_step_stats_carry_trls_names():
     assert stats["rewards/accuracies"] == 0.5
     assert stats["rewards/margins"] == pytest.approx((0.2 + -0.1) / 2)
     assert stats["logps/chosen"] == pytest.approx(-5.5) and stats["logps/rejected"] == pytest.approx(-6.0)
+
+
+def test_a_tie_of_the_rewards_is_not_an_accuracy_as_in_trl():
+    # TRL 1.12: rewards/accuracies = (chosen_rewards > rejected_rewards).float().mean(); a pair with h = 0 counts 0
+    tie = torch.tensor([-6.0])
+    losses, chosen, rejected = dpo_loss(tie, tie, tie, tie, BETA)
+    assert step_stats(losses, chosen, rejected, tie, tie)["rewards/accuracies"] == 0.0
 
 
 def test_sequence_logps_counts_response_tokens_only():
