@@ -117,7 +117,8 @@ def rlhf(
     """Run the RLHF pipeline up to `pipeline`'s last stage; unchanged stages come from the cache.
 
     `force` names stages to recompute even on a cache hit, together with every stage after them.
-    The `dpo` pipeline runs data -> sft -> dpo; `full` runs dpo too, after the chain, when `dpo.enabled`.
+    The `dpo` pipeline runs data -> sft -> dpo; `full` (and `eval`) run dpo too when `dpo.enabled`, before the eval,
+    which samples the DPO policy beside PPO's.
     `sft_model` / `reward_model` take a model URI (`models:/rlhf-reward/3`, `models:/rlhf-reward@champion`,
     `runs:/<run id>/model`) to use instead of that stage: PPO sweeps against one chosen reward model.
     `preset` (the deployments set it): the keys `config` was given are merged onto that preset, so a partial config
@@ -193,14 +194,15 @@ def rlhf(
         if last >= 4:  # the control arms (eval.controls): PPO's cached siblings, the reward replaced
             for name in config.eval.controls:
                 controls[name] = ppo_control_stage(config, ctx, results["data"], results["sft"], reward, control=name)
+        if pipeline == "dpo" or (last >= 4 and config.dpo.enabled):  # the branch beside RM -> PPO, before the
+            # eval, which samples its policy beside PPO's
+            results["dpo"] = on_pool("dpo") or dpo_stage(config, ctx, results["data"], results["sft"])
         if last >= 4 and not follower:  # the evaluation is node 0's
             if result := on_pool("eval"):
                 results["eval"], eval_metrics = result, placed["eval"].metrics
             else:
                 results["eval"], eval_metrics = eval_stage(config, ctx, results["data"], results["sft"], reward,
-                                                           results["ppo"], controls)
-        if pipeline == "dpo" or (pipeline == "full" and config.dpo.enabled):  # the branch beside RM -> PPO
-            results["dpo"] = on_pool("dpo") or dpo_stage(config, ctx, results["data"], results["sft"])
+                                                           results["ppo"], controls, results.get("dpo"))
     except BaseException:
         client.set_terminated(parent_id, "FAILED")
         raise

@@ -31,7 +31,7 @@ __all__ = ["EvalResult", "Generations", "Judge", "SftMemo", "Terms", "best_of_n"
 class EvalResult:
     metrics: dict[str, float | None]
     samples: list[dict[str, object]] = field(default_factory=list)
-    lengths: dict[str, list[float]] = field(default_factory=dict)  # response lengths, "PPO policy" and "SFT"
+    lengths: dict[str, list[float]] = field(default_factory=dict)  # response lengths, "PPO policy", "SFT", arms
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)  # 95 % interval of each metric
     gold: list[float] | None = None  # the judge's score of the policy's reply to each prompt, where there is one
     gold_sft: list[float] | None = None  # and of the SFT model's
@@ -132,7 +132,8 @@ def evaluate(
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
     one where the task has them, and a 95 % interval of every figure. `memo`: where the SFT model's samples (its
     replies and best-of-n's draws) may come from instead of sampling them again. `controls`: the control arms' policies
-    (`eval.controls`), each sampled with the policy's seed and compared with it prompt by prompt (`versus`).
+    (`eval.controls`) and the DPO policy (`dpo`, with `dpo.enabled`), each sampled with the policy's seed and compared
+    with it prompt by prompt (`versus`).
     `missing_eos_penalty`: PPO's, applied to best-of-n's pick so that it reranks by the score PPO's reward gets.
     `groups`: each prompt's group (`eval.group_by`'s column), for the figures group by group (`by_group`)."""
     args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
@@ -162,7 +163,8 @@ def evaluate(
         for i, row in enumerate(samples[:int(more["best_of_prompts"])]):  # the kept reply of each n beside PPO's
             row.update({f"best_of_{n}_{k}": v for n, picks in kept.items() for k, v in picks[i].items()})
     lengths = {"PPO policy": pol.lengths.tolist(), "SFT": base.lengths.tolist()}
-    lengths |= {f"control {name}": arm.lengths.tolist() for name, arm in arms.items()}
+    lengths |= {"DPO policy" if name == "dpo" else f"control {name}": arm.lengths.tolist()
+                for name, arm in arms.items()}
     return EvalResult(metrics, samples, lengths, bounds, pol.gold, base.gold, arms)
 
 

@@ -201,15 +201,17 @@ EVAL = (
        "its KL than sampling and reranking"),
     _m("eval/<control>_reward_mean eval/<control>_gold_reward_mean eval/<control>_kl_to_ref "
        "eval/<control>_response_length_mean eval/<control>_no_eos_frac eval/<control>_win_rate_vs_sft",
-       "each control arm of `eval.controls` (zero_reward, shuffled_reward: PPO with the reward replaced), sampled on "
-       "the eval prompts with PPO's seed: its reward, gold, KL to SFT, length, share without EOS and gold win rate "
-       "over SFT", "a control far above SFT: the shaping (EOS penalty, KL) alone moves the policy"),
+       "each control arm of `eval.controls` (zero_reward, shuffled_reward: PPO with the reward replaced), and the "
+       "DPO policy (dpo, with `dpo.enabled`), sampled on the eval prompts with PPO's seed: its reward, gold, KL to "
+       "SFT, length, share without EOS and gold win rate over SFT", "a control far above SFT: the shaping (EOS "
+       "penalty, KL) alone moves the policy"),
     _m("eval/gold_lead_over_<control> eval/reward_lead_over_<control> eval/reward_<name>_lead_over_<control> "
        "eval/win_rate_vs_<control> eval/rm_win_rate_vs_<control>",
-       "PPO against each control arm on the same prompts: its paired lead in gold, in the reward sources' sum and in "
-       "each source, and its win rates by the judge and by the reward sources, with intervals: what the reward "
-       "taught beyond the shaping", "an interval across or below 0: the reward did not teach what the figures "
-       "against SFT suggest"),
+       "PPO against each control arm (and the DPO policy, dpo) on the same prompts: its paired lead in gold, in the "
+       "reward sources' sum and in each source, and its win rates by the judge and by the reward sources, with "
+       "intervals: what the reward taught beyond the shaping (over dpo: what the RM and sampling bought over DPO on "
+       "the same pairs)", "an interval across or below 0: the reward did not teach what the figures against SFT "
+       "suggest"),
     _m("eval/gold_reward_mean_<group> eval/gold_reward_mean_sft_<group> eval/win_rate_vs_sft_<group>",
        "demo task: gold of policy and SFT and the gold win rate on prompts about topics training never saw "
        "(group new_topics) and about training topics asked in new ways (seen_topics)", "a gain on seen_topics "

@@ -1,4 +1,5 @@
-"""Eval stage: the PPO policy against the SFT model on held-out prompts, and the report."""
+"""Eval stage: the PPO policy against the SFT model on held-out prompts, beside PPO's control arms and (with
+`dpo.enabled`) the DPO policy, and the report."""
 
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
         sft, _ = load_causal_lm(dirs["sft"], trust, dtype)
         arms = {name: load_causal_lm(dirs[control_stage(name)], trust, dtype)[0] for name in cfg.eval.controls}
+        if DPO_ARM in dirs:  # the DPO policy: one more arm, sampled and compared with PPO as a control is
+            arms[DPO_ARM] = load_causal_lm(dirs[DPO_ARM], trust, dtype)[0]
         reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype) if "reward" in dirs else None
         for model in filter(None, (policy, sft, reward, *arms.values())):
             model.to(device)
@@ -199,6 +202,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
     return build
 
 
+DPO_ARM = "dpo"  # the DPO policy's arm: its upstream name and the prefix of its figures (dpo_reward_mean, ...)
+
+
 def control_stage(name: str) -> str:
     """The upstream name of the control arm `name` (`eval.controls`): its PPO run's result, `ppo-<name>`."""
     return f"ppo-{name}"
@@ -207,9 +213,12 @@ def control_stage(name: str) -> str:
 @flow(name="eval", flow_run_name="eval-{config.name}")
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
                reward: StageResult | None, ppo: StageResult,
-               controls: dict[str, StageResult] | None = None) -> tuple[StageResult, dict]:
+               controls: dict[str, StageResult] | None = None,
+               dpo: StageResult | None = None) -> tuple[StageResult, dict]:
     """Evaluate on held-out prompts; returns the stage result and the report's metrics. `reward` is None when no
-    reward source of `ppo.rewards` is a model. `controls`: the PPO control arms of `eval.controls`, by name."""
+    reward source of `ppo.rewards` is a model. `controls`: the PPO control arms of `eval.controls`, by name. `dpo`:
+    the DPO stage's policy (`dpo.enabled`), sampled beside PPO as one more arm, `dpo`: its figures `dpo_*` and PPO's
+    paired leads over it (`reward_lead_over_dpo`, ...); it joins the cache key only when given."""
     ctx = on_node(ctx, config.resources)  # node 0 evaluates; another node waits for its report
     controls = controls or {}
     if missing := [c for c in config.eval.controls if c not in controls]:
@@ -217,6 +226,8 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     data_dir = download(data.artifact_uri, data.digest)
     upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
     upstream |= {control_stage(name): controls[name] for name in config.eval.controls}
+    if dpo is not None:
+        upstream[DPO_ARM] = dpo
     fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
     fingerprint += optional_digest(data_dir, "prompts_val")  # the best constant reply is picked on it
     if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template

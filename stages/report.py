@@ -9,7 +9,7 @@ from rlhf_lib.intervals import with_interval
 from stages.plotting import png as _png
 from stages.plotting import pyplot as _plt
 from stages.report_best_of import baselines_table, overoptimisation_heldout_png
-from stages.report_controls import controls_table, verdicts
+from stages.report_controls import controls_heading, controls_table, verdicts
 
 CURVES = [
     ("objective/score_raw", "score (raw: RM, or the sum of ppo.rewards)"), ("objective/kl", "KL to reference (nats/response)"),
@@ -194,8 +194,7 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"{_img(overoptimisation_heldout_png(metrics, summary.get('intervals')), 'held-out proxy and judge vs KL')}")
     controls = controls_table(metrics, summary.get("intervals"))
     controls_html = "" if not controls else (
-        "<h2>PPO against its control arms (the same run, the reward replaced): what the reward taught beyond the "
-        "shaping</h2><ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts(metrics, summary.get("intervals")))
+        f"<h2>{controls_heading(metrics)}</h2><ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts(metrics, summary.get("intervals")))
         + f"</ul>{_table(controls)}")
     hist = _img(lengths_png(lengths or {}), "response lengths")
     alarm_html = ("<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>") if alarms else \

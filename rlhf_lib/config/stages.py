@@ -256,9 +256,10 @@ class DPOConfig(LoRAKeys):
     """Direct preference optimisation (`stages.dpo`): a branch of the DAG beside reward model -> PPO that trains the
     SFT model on the preference pairs directly, with the frozen SFT model as the reference."""
 
-    enabled: bool = Field(False, description="Run the DPO stage in the `full` pipeline (data -> sft -> dpo, beside "
-                          "the reward model and PPO; `rlhf run dpo` runs it whatever this says). Not part of the "
-                          "stage's cache key.")
+    enabled: bool = Field(False, description="Run the DPO stage in the `full` and `eval` pipelines (data -> sft -> "
+                          "dpo, beside the reward model and PPO; `rlhf run dpo` runs it whatever this says), and "
+                          "sample its policy in the eval beside PPO's as one more arm (dpo_*, <figure>_lead_over_dpo). "
+                          "Not part of the DPO stage's cache key.")
     beta: float = Field(0.1, gt=0, description="β: the strength of the implicit KL to the reference; the implicit "
                         "reward of a reply is β·(log π − log π_ref), summed over its tokens.")
     loss_type: Literal["sigmoid", "ipo"] = Field(

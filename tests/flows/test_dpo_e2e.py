@@ -1,10 +1,15 @@
 """The DPO branch end to end: `rlhf run dpo` (data -> sft -> dpo) on the micro preset with a few DPO steps, against a
 real temporary MLflow store and the session's Prefect server: the stage runs, logs TRL's metrics and the held-out
-accuracy of its implicit reward, registers `rlhf-dpo`, and an unchanged rerun is all cached."""
+accuracy of its implicit reward, registers `rlhf-dpo`, and an unchanged rerun is all cached; `full` with
+`dpo.enabled` takes it from the cache and its eval samples the DPO policy beside PPO."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+import mlflow
 from mlflow import MlflowClient
 
 from cli.main import load_config
@@ -96,6 +101,23 @@ def test_the_full_pipeline_runs_the_branch_when_enabled_from_the_same_cache(firs
     # its figure beside the reward model's, on the same held-out pairs
     assert out["eval"]["dpo_accuracy"] == run.data.metrics["dpo/heldout_accuracy"]
     assert "reward_model_accuracy" in out["eval"]
+    # the eval sampled the DPO policy beside PPO as one more arm: its figures and PPO's paired leads over it, each
+    # with its interval, in the pipeline's figures, the eval run's metrics and the report's controls table
+    for key in ("dpo_reward_mean", "dpo_gold_reward_mean", "dpo_kl_to_ref", "dpo_response_length_mean",
+                "dpo_win_rate_vs_sft", "reward_lead_over_dpo", "gold_lead_over_dpo", "win_rate_vs_dpo",
+                "rm_win_rate_vs_dpo"):
+        assert out["eval"][key] is not None and len(out["eval"][f"{key}_ci95"]) == 2, key
+    assert 0.0 <= out["eval"]["dpo_no_eos_frac"] <= 1.0
+    eval_run = out["stages"]["eval"]["mlflow_run_id"]
+    logged = MlflowClient().get_run(eval_run).data.metrics
+    assert logged["eval/reward_lead_over_dpo"] == pytest.approx(out["eval"]["reward_lead_over_dpo"])
+    assert logged["eval/reward_lead_over_dpo"] == pytest.approx(logged["eval/reward_mean"] -
+                                                                logged["eval/dpo_reward_mean"], abs=1e-5)
+    html = Path(mlflow.artifacts.download_artifacts(run_id=eval_run, artifact_path="report/report.html")).read_text()
+    assert "the DPO policy (the same pairs, no reward model, no sampling)" in html and "<td>DPO policy</td>" in html
+    samples = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=eval_run,
+                                                                  artifact_path="report/samples.json")).read_text())
+    assert all(isinstance(row["dpo_response"], str) for row in samples)
 
 
 def test_the_branch_follows_what_it_reads():

@@ -69,3 +69,27 @@ def test_baselines_table_puts_ppo_beside_sft_and_each_best_of_n():
     assert overoptimisation_heldout_png(metrics, bounds)  # a PNG, drawn with a missing judge point
     html = render_html({"name": "hh", "lineage": {}, "metrics": metrics, "intervals": bounds}, {}, [], None, [])
     assert "best-of-16 of SFT" in html and "held-out proxy and judge vs KL" in html
+
+
+def test_the_dpo_policy_is_one_more_row_of_the_controls_table_with_its_own_verdict():
+    from stages.report_controls import controls_heading, controls_table, verdicts
+
+    metrics = USER_METRICS | {"dpo_reward_mean": 0.2, "dpo_kl_to_ref": 0.4, "dpo_response_length_mean": 10.0,
+                              "reward_lead_over_dpo": 0.1, "rm_win_rate_vs_dpo": 0.6}
+    bounds = {"reward_lead_over_dpo": (0.05, 0.15)}
+    rows = controls_table(metrics, bounds)
+    assert [r["policy"] for r in rows] == ["PPO", "DPO policy"]
+    assert rows[1]["proxy reward"] == 0.2 and rows[1]["KL to SFT (nats)"] == 0.4
+    assert verdicts(metrics, bounds) == ["PPO beats the DPO policy under the reward sources (interval above 0): the "
+                                         "reward model and sampling bought more than DPO on the same pairs"]
+    assert controls_heading(metrics) == ("PPO against the DPO policy (the same pairs, no reward model, no "
+                                         "sampling)")
+    both = metrics | {"reward_lead_over_zero_reward": -0.1, "zero_reward_reward_mean": 0.4}
+    assert [r["policy"] for r in controls_table(both)] == ["PPO", "zero-reward control", "DPO policy"]
+    assert controls_heading(both).startswith("PPO against its control arms (the same run, the reward replaced): "
+                                             "what the reward taught beyond the shaping; and the DPO policy")
+    lo_hi = {"reward_lead_over_dpo": (-0.3, -0.1), "reward_lead_over_zero_reward": (-0.2, -0.05)}
+    assert verdicts(both, lo_hi) == [
+        "the zero-reward control beats PPO under the reward sources: the shaping alone did better than the reward",
+        "the DPO policy beats PPO under the reward sources: DPO on the same pairs did better than the reward model "
+        "and PPO"]
