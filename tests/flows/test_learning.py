@@ -11,10 +11,12 @@ control arm `eval.controls=[zero_reward]`, 2026-12-07; no test figure was read w
 | settings | seed | PPO gold | control gold | PPO - control [95 %] |
 | --- | --- | --- | --- | --- |
 | micro + the old overrides (RM held-out accuracy 0.63-0.66) | 0 / 1 | 0.17 / -0.27 | 0.17 / -0.17 | +0.00 [-0.04, 0.05] / -0.10 [-0.36, 0.17] |
+| the same, 48 new tokens (SFT's replies fit) | 0 / 1 | 0.18 / 0.17 | 0.11 / 0.13 | +0.07 [-0.04, 0.18] / +0.04 [-0.07, 0.14] |
 | the same, missing_eos_penalty off | 0 / 1 | 0.17 / -0.59 | 0.04 / -0.34 | +0.13 [0.04, 0.22] / -0.25 [-0.43, -0.08] |
 | the same, rm_unit_std | 0 / 1 | -0.07 / -0.46 | 0.17 / -0.17 | -0.24 / -0.30, both intervals below 0 |
 | the same with the demo's RM data (twins, K = 6, 3 epochs) | 0 / 1 | 0.18 / 0.02 | 0.11 / -0.04 | +0.07 [0.00, 0.15] / +0.06 [-0.11, 0.22] |
 | the demo preset (RM 0.85) | 0 / 1 | 0.72 / 0.73 | 0.12 / 0.07 | +0.60 [0.47, 0.73] / +0.66 [0.55, 0.77] |
+| the demo, 256 prompts, PPO batch 32, 64 eval prompts | 0 / 1 | 0.26 / 0.09 | -0.12 / -0.12 | +0.38 [0.23, 0.55] / +0.21 [-0.00, 0.42] |
 | the demo preset with `LEARN` (this test) | 0 / 1 | 0.19 / 0.05 | -0.20 / -0.23 | +0.40 [0.32, 0.47] / +0.28 [0.21, 0.36] |
 
 On the test split, once, with `LEARN` chosen: +0.40 [0.30, 0.50] and +0.40 [0.31, 0.49] (benchmarks/RESULTS.md).
