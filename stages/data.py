@@ -1,7 +1,7 @@
-"""Data stage: build a built-in task (demo or arithmetic) or read the user's data, validate every row, and version
-it in MLflow.
+"""Data stage: build the config's task (`rlhf_lib.tasks`: demo, arithmetic, or the user's data), validate every row,
+and version it in MLflow.
 
-Every path writes the same five files (`FILE_NAMES`), so the stages downstream read one contract; the user's data
+Every task writes the same five files (`rlhf_lib.data.contract`), so the stages downstream read one contract; the user's data
 adds `conversations.jsonl`, the messages behind each rendered prompt (`rlhf_lib.data.conversations`). Every row is
 validated here, before any training: a bad row fails the stage (FAILED run, nothing registered or cached) or, with
 `data.on_bad_row=skip`, is dropped and counted by reason.
@@ -9,33 +9,20 @@ validated here, before any training: a bad row fails the stage (FAILED run, noth
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from rlhf_lib.arith_task import build_arithmetic_task
-from rlhf_lib.arith_task import summarize as summarize_arithmetic
 from rlhf_lib.config import PipelineConfig
-from rlhf_lib.data import (
-    file_fingerprint,
-    read_pairs,
-    read_prompts,
-    read_ranked,
-    read_sft,
-    write_jsonl,
-)
+from rlhf_lib.data import file_fingerprint, read_pairs, read_prompts, read_ranked, read_sft
 from rlhf_lib.data.chat import Renderer
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.conversations import FILE_NAME as CONVERSATIONS
 from rlhf_lib.data.conversations import read_conversations, write_conversations
-from rlhf_lib.data.sources import Source, hub_fingerprint
-from rlhf_lib.data.user import build_user_task
-from rlhf_lib.demo_task import FILE_NAMES, build_demo_task, summarize
 from rlhf_lib.models import load_tokenizer
+from rlhf_lib.tasks import Digests, Task, task_for_config, task_of_data
 from stages.base import as_state, log_dataset, run_cached
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
@@ -49,7 +36,6 @@ READERS = {"sft": read_sft, "preferences": read_ranked, "prompts_train": read_pr
 CONTEXT = {"sft": "training", "preferences": "training", "prompts_train": "training",
            "prompts_eval": "evaluation", "eval_pairs": "evaluation", "prompts_val": "validation",
            "adversarial_pairs": "evaluation"}
-USER_SOURCES = ("preferences", "eval_preferences", "sft", "prompts", "eval_prompts")
 
 
 def file_digest(data_dir: Path, key: str) -> str:
@@ -80,8 +66,10 @@ def source_info(data_dir: Path) -> dict:
     return json.loads((data_dir / "source.json").read_text())
 
 
-def has_judge(data_dir: Path) -> bool:
-    return source_info(data_dir).get("judge") == "demo"
+def data_task(data_dir: Path) -> Task:
+    """The task that built the data (`rlhf_lib.tasks.task_of_data`): its gold judge, eval groups and report
+    sections."""
+    return task_of_data(data_dir)
 
 
 def dataset_name(data_dir: Path, key: str) -> str:
@@ -100,17 +88,6 @@ def _validate_and_log(run: StageRun, paths: dict[str, Path], name: str) -> dict[
     return counts
 
 
-def _build_demo(cfg: PipelineConfig):
-    def build(run: StageRun, out_dir: Path) -> None:
-        paths = build_demo_task(cfg.data, out_dir)
-        counts = _validate_and_log(run, paths, "demo")
-        stats = summarize(paths)
-        (out_dir / "source.json").write_text(json.dumps({"source": "demo", "judge": "demo", "rows": counts}))
-        run.log_metrics({**{f"data/rows_{k}": v for k, v in counts.items()},
-                         **{f"data/{k}": v for k, v in stats.items()}}, step=0)
-    return build
-
-
 def _template_tokenizer(cfg: PipelineConfig):
     """The loader of the policy's tokenizer, whose chat template renders the rows (None: a model built here)."""
     m = cfg.model
@@ -122,91 +99,37 @@ def _template_tokenizer(cfg: PipelineConfig):
     return load
 
 
-def _build_arithmetic(cfg: PipelineConfig):
+def _build(cfg: PipelineConfig, task: Task):
     def build(run: StageRun, out_dir: Path) -> None:
-        renderer = Renderer(_template_tokenizer(cfg), cfg.data.render)  # a pretrained policy's chat template
-        paths = build_arithmetic_task(cfg.data, out_dir, renderer)
-        if renderer.templated():
-            write_conversations(out_dir / CONVERSATIONS, renderer.conversations)
-        run.set_tags({"rlhf.data.rendering": "chat_template" if renderer.templated() else "text"})
-        counts = _validate_and_log(run, paths, "arithmetic")
-        # No gold judge: the answer column is the ground truth, read by the exact-match reward. The statistics go
-        # to source.json rather than metrics: they only confirm what the config asked for.
-        (out_dir / "source.json").write_text(json.dumps({
-            "source": "arithmetic", "judge": None, "name": "arithmetic", "rows": counts,
-            "reward": "rlhf_lib.rewards.builtin:exact_match", "stats": summarize_arithmetic(paths)}, indent=1))
-        run.log_metrics({f"data/rows_{k}": v for k, v in counts.items()}, step=0)
+        # Conversational rows (user data, the arithmetic task on a pretrained policy) are rendered with the policy's
+        # chat template, when it has one; the tokenizer loads at the first row that needs it.
+        built = task.build(cfg, out_dir, Renderer(_template_tokenizer(cfg), cfg.data.render))
+        if built.conversations is not None:  # the messages of each rendered prompt, for an RM with its own template
+            write_conversations(out_dir / CONVERSATIONS, built.conversations)
+        counts = _validate_and_log(run, dict(built.paths), built.name)
+        (out_dir / "source.json").write_text(json.dumps({**built.source, "rows": counts}, indent=1,
+                                                        ensure_ascii=False))
+        for line in built.warnings:
+            get_run_logger().warning("%s", line)
+        run.log_metrics({f"data/rows_{k}": v for k, v in counts.items()} | dict(built.metrics), step=0)
+        if built.tags:
+            run.set_tags(dict(built.tags))
     return build
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
-
-
-def _build_user(cfg: PipelineConfig):
-    def build(run: StageRun, out_dir: Path) -> None:
-        # Conversational rows are rendered with the policy's chat template, when it has one.
-        renderer = Renderer(_template_tokenizer(cfg), cfg.data.render)
-        task = build_user_task(cfg.data, renderer)
-        paths = {key: write_jsonl(out_dir / FILE_NAMES[key], rows) for key, rows in task.records.items()}
-        # The conversation of each rendered prompt, for a reward model that renders with its own template.
-        write_conversations(out_dir / CONVERSATIONS, renderer.conversations)
-        name = Source(cfg.data.preferences).name
-        counts = _validate_and_log(run, paths, name)
-        sources = {key: asdict(report) for key, report in task.sources.items()}
-        (out_dir / "source.json").write_text(json.dumps({
-            "source": "user", "judge": None, "name": name, "rows": counts, "sources": sources,
-            "dropped_heldout": task.dropped, "rendering": task.rendering}, indent=1, ensure_ascii=False))
-        metrics = {f"data/rows_{k}": v for k, v in counts.items()}
-        metrics |= {f"data/dropped_heldout_{k}": v for k, v in task.dropped.items()}
-        for key, report in task.sources.items():
-            metrics[f"data/skipped_{key}"] = sum(report.skipped.values())
-            metrics |= {f"data/skipped_{key}/{_slug(reason)}": n for reason, n in report.skipped.items()}
-            if report.skipped:
-                get_run_logger().warning("data: skipped %d bad rows of %s: %s", sum(report.skipped.values()),
-                                         report.source, report.skipped)
-        run.log_metrics(metrics, step=0)
-        run.set_tags({f"rlhf.data.{k}_format": r.format for k, r in task.sources.items()}
-                     | {"rlhf.data.rendering": task.rendering or "text"})
-    return build
-
-
-def user_fingerprint(cfg: PipelineConfig) -> str:
-    """The content identity of the user's data: the bytes of each local file or directory, `datasets`' fingerprint
-    of a hub data set, and the policy's model (its chat template renders conversational rows)."""
-    d = cfg.data
-    parts = {}
-    for key in USER_SOURCES:
-        if spec := getattr(d, key):
-            split = d.eval_split if key.startswith("eval_") else d.split
-            src = Source(spec, split, d.hub_data_dir, d.hub_revision)
-            kind = src.kind
-            parts[key] = (file_fingerprint(src.path) if kind in ("jsonl", "file")
-                          else dir_digest(src.path) if kind == "dir" else "hub:" + hub_fingerprint(src))
-    parts["model"] = model_source_digest(cfg.model.name_or_path, cfg.model.revision)
-    return "user:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+def data_identity(cfg: PipelineConfig) -> tuple[dict[str, Any], str]:
+    """The data stage's key section and data fingerprint: its task's `identity` (for user data, the content of every
+    source and of the policy's model, whose chat template renders conversational rows)."""
+    return task_for_config(cfg.data).identity(cfg, Digests(model_source_digest, dir_digest))
 
 
 @flow(name="data", flow_run_name="data-{config.name}")
 def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
-    """Build the built-in task (`data.task`: demo or arithmetic) deterministically from `data.seed`, or read and
-    validate the user's data (`data.*` sources), and log the five files as versioned data sets."""
+    """Build the config's task (`rlhf_lib.tasks`: the demo or arithmetic task from `data.seed`, or the user's data
+    sources read and validated) and log the contract's files as versioned data sets."""
     ctx = on_node(ctx, config.resources)  # on machine_rank > 0: node 0's data, once it is in MLflow
-    m = config.model
-    if config.data.task == "arithmetic":  # the config refuses arithmetic with user data
-        section, fingerprint = {"data": config.data.key()}, "arithmetic"
-        if m.name_or_path and config.data.render != "text":  # rendered by the pretrained policy's chat template
-            section["model"] = {"name_or_path": m.name_or_path, "revision": m.revision,
-                                "trust_remote_code": m.trust_remote_code}
-            fingerprint += ":" + model_source_digest(m.name_or_path, m.revision)
-        result, _ = run_cached(ctx, "data", section, {}, fingerprint, _build_arithmetic(config))
-        return as_state(result)
-    if not config.data.user_data:
-        result, _ = run_cached(ctx, "data", {"data": config.data.key()}, {}, "demo", _build_demo(config))
-        return as_state(result)
-    section = {"data": config.data.key(),
-               "model": {"name_or_path": m.name_or_path, "revision": m.revision, "trust_remote_code": m.trust_remote_code}}
-    result, _ = run_cached(ctx, "data", section, {}, user_fingerprint(config), _build_user(config))
+    section, fingerprint = data_identity(config)
+    result, _ = run_cached(ctx, "data", section, {}, fingerprint, _build(config, task_for_config(config.data)))
     return as_state(result)
 
 

@@ -10,8 +10,8 @@ from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import truncation_counts, truncation_notice
-from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.devices import autocast, resolve_device, weights_dtype
 from rlhf_lib.dpo import encode_pairs, heldout_metrics, launched, pair_logps, preference_pairs, train_dpo
 from rlhf_lib.model_dirs import load_causal_lm, save_model

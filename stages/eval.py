@@ -14,8 +14,8 @@ from prefect import flow, get_run_logger
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_prompts
 from rlhf_lib.data.collate import prompt_truncations
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
-from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown, gold_score
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.envs import environment_digest
@@ -26,11 +26,12 @@ from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
-from rlhf_lib.reward import pairwise_accuracy
+from rlhf_lib.reward import pairwise_accuracy, score_texts
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.functions import reward_code
 from rlhf_lib.rewards.judge import load_judge
 from rlhf_lib.rewards.retokenize import RewardScorer
+from rlhf_lib.tasks import Scorer
 from stages.artifact_cache import download
 from stages.base import as_state, key_lock, log_dataset, run_cached
 from stages.cache import StageResult
@@ -38,48 +39,31 @@ from stages.context import RunContext, on_node
 from stages.data import (
     conversations,
     conversations_digest,
+    data_task,
     dataset_name,
     file_digest,
-    has_judge,
     optional_digest,
     prompt_columns,
     source_info,
 )
-from stages.eval_demo import by_topic_group, constant_reply
 from stages.eval_judge import eval_judge_model, load_eval_judge
+from stages.eval_upstream import measured_accuracy, ppo_alarms, ppo_history, ppo_tags
 from stages.eval_memo import SftMemo, memo_key
 from stages.models_io import judge_models
-from stages.report import CURVES, render_html
+from stages.report import render_html
 from stages.tracking import RetryingClient, StageRun, model_version
 
 MemoFor = Callable[[str], SftMemo]
 
 
-def ppo_history(ppo_run_id: str, cfg: PipelineConfig) -> dict[str, list[tuple[int, float]]]:
-    """The PPO run's curves for the report: the dashboard's, and each reward source's raw score when there are
-    several sources."""
-    client = RetryingClient()
-    sources = [f"objective/score/{r.name}" for r in cfg.ppo.rewards] if len(cfg.ppo.rewards) > 1 else []
-    keys = [key for key, _ in CURVES] + sources
-    return {key: [(m.step, m.value) for m in client.get_metric_history(ppo_run_id, key)] for key in keys}
+def rm_scorer(cfg: PipelineConfig, reward, tokenizer, precision) -> Scorer:
+    """The reward model's score of each (prompt, reply), in batches of `reward.eval_batch_size`."""
+    max_length = fit_length(cfg.reward.max_length, reward)
 
-
-def ppo_tags(ppo_run_id: str) -> dict[str, str]:
-    return RetryingClient().get_run(ppo_run_id).data.tags if ppo_run_id else {}
-
-
-def ppo_alarms(tags: dict[str, str]) -> list[str]:
-    """The alarms the PPO run raised (its `rlhf.alarm.<name>` tags), as report lines."""
-    return [f"{k.removeprefix('rlhf.alarm.')}: {v}" for k, v in sorted(tags.items()) if k.startswith("rlhf.alarm.")]
-
-
-def measured_accuracy(reward: StageResult) -> float | None:
-    """The RM's accuracy on the held-out pairs as the reward stage measured it (`reward/heldout_accuracy` of its
-    run), when the RM came from this pipeline's reward stage and so was scored on these pairs; None for a model the
-    user named (`--reward-model`: trained on any data) or a run without the figure, which the eval then measures."""
-    if reward.source is not None or not reward.mlflow_run_id:
-        return None
-    return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
+    def score(prompts: list[str], responses: list[str]) -> list[float]:
+        with precision():
+            return score_texts(reward, tokenizer, prompts, responses, max_length, cfg.reward.eval_batch_size).tolist()
+    return score
 
 
 def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
@@ -118,7 +102,8 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                             cfg.eval.batch_size, judges=graders)
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
-        judge, terms = (gold_score, gold_breakdown) if has_judge(data_dir) else (None, None)
+        task = data_task(data_dir)  # its gold judge, eval groups and constant reply (rlhf_lib.tasks)
+        judge, terms = (task.gold.score, task.gold.breakdown) if task.gold else (None, None)
         if cfg.eval.judge is not None:  # a judge PPO never optimised: the gold of this eval
             judge, terms = load_eval_judge(cfg, eval_judge, tokenizer, data_dir, rewards.columns, device), None
         groups = None if cfg.eval.group_by is None else group_values(
@@ -136,16 +121,19 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)
         template = None
-        if result.gold is not None and result.gold_sft is not None and has_judge(data_dir) and terms is not None:
-            more, more_bounds = by_topic_group(prompts, result.gold, result.gold_sft)
+        if result.gold is not None and result.gold_sft is not None and terms is not None:
+            more, more_bounds = task.gold_groups(prompts, result.gold, result.gold_sft)
             metrics.update(more)
             bounds.update(more_bounds)
         if (cfg.eval.constant_reply_prompts and terms is not None and result.gold is not None and reward is not None
                 and own is None and optional_digest(data_dir, "prompts_val")):
-            more, more_bounds, template = constant_reply(cfg, data_dir, reward, tokenizer, prompts, result.gold,
-                                                         precision)
-            metrics.update(more)
-            bounds.update(more_bounds)
+            val = list(dict.fromkeys(p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_val"]).rows))
+            constant = task.constant_reply(val[:cfg.eval.constant_reply_prompts], prompts,
+                                           rm_scorer(cfg, reward, tokenizer, precision), result.gold)
+            if constant is not None:
+                metrics.update(constant.metrics)
+                bounds.update(constant.bounds)
+                template = constant.template
         # Held-out pairs: noise-free judge pairs on the demo task, held-out human labels on user data. No RM (the
         # reward came from functions and endpoints only): no accuracy.
         metrics["reward_model_accuracy"] = None
@@ -177,12 +165,13 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
             | {"data run": data.mlflow_run_id, "data": info.get("name", "demo task"), "eval prompts": len(prompts),
                "held-out pairs": len(pairs), **({"pairs each judge read": len(judged)} if graders else {}),
                "judge": (cfg.eval.judge.describe().replace("reward", "eval.judge", 1) if cfg.eval.judge
-                         else "gold judge (demo task)" if judge else "none: RM-judged only"),
+                         else task.gold.name if judge else "none: RM-judged only"),
                "reward sources": ", ".join(f"{s.name} ({s.kind}, weight {s.weight:g})" for s in cfg.ppo.rewards)}
             | ({"constant reply (picked by the RM on validation)": template.strip()} if template else {})
             | ({"SFT samples": sft_memo.describe()} if sft_memo is not None else {}),
             "metrics": metrics,
             "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
+            "judge_terms": list(task.gold.terms) if terms is not None else [],
         }
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))
         history = ppo_history(upstream["ppo"].mlflow_run_id, cfg)

@@ -22,8 +22,8 @@ from prefect.cache_policies import NO_CACHE
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.config.base import KEEP_SECRETS
 from rlhf_lib.data import read_prompts, read_sft
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import prompt_truncations
-from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.envs import environment_digest
 from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
@@ -38,8 +38,8 @@ from stages.data import (
     conversations,
     conversations_digest,
     dataset_name,
+    data_task,
     file_digest,
-    has_judge,
     prompt_columns,
 )
 from stages.follower import FollowerRun, launch_id_of, pending_key
@@ -123,7 +123,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         # The job's own copy keeps what redaction would hide (a literal key in a reward URL): it never leaves us.
         job = PPOJob(config=cfg.model_dump(mode="json", context={KEEP_SECRETS: True}), sft_dir=str(sft_dir),
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
-                     judge=has_judge(data_dir), eval_prompts=heldout,
+                     task=data_task(data_dir).name, eval_prompts=heldout,
                      columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"),
                      conversations=_conversations(data_dir, cfg, reward is not None, prompts + heldout),
                      judges=dict(judges or {}))

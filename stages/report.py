@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 from rlhf_lib.intervals import with_interval
@@ -155,14 +156,13 @@ def metrics_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | N
     return table + [{"metric": name, "PPO policy": value(k), "SFT": None} for name, k in SINGLE if k in metrics]
 
 
-TERMS = ("topic", "detail", "tone", "length", "ending", "repetition")
-
-
-def terms_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | None = None) -> list[dict[str, Any]]:
-    """The gold judge's terms one by one (demo task): policy, SFT and the difference, with 95 % intervals."""
+def terms_table(metrics: dict[str, Any], intervals: dict[str, list[float]] | None = None,
+                terms: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The gold judge's `terms` one by one (the task's `GoldJudge.terms`): policy, SFT and the difference, with 95 %
+    intervals."""
     bounds = intervals or {}
     rows = []
-    for term in TERMS:
+    for term in terms:
         pol, sft = metrics.get(f"gold_{term}_mean"), metrics.get(f"gold_{term}_mean_sft")
         if pol is None or sft is None:
             continue
@@ -182,7 +182,7 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
     """The report page. `summary` holds `lineage` and `metrics` (policy vs SFT); `alarms` the PPO run's alarms."""
     metrics = summary["metrics"]
     table = metrics_table(metrics, summary.get("intervals"))
-    terms = terms_table(metrics, summary.get("intervals"))
+    terms = terms_table(metrics, summary.get("intervals"), summary.get("judge_terms", ()))
     terms_html = f"<h2>Gold judge term by term: PPO policy vs SFT</h2>{_table(terms)}" if terms else ""
     lineage = [{"item": k, "value": v} for k, v in summary["lineage"].items()]
     curves = _img(curves_png(history), "PPO curves")

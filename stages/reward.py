@@ -11,9 +11,9 @@ from prefect import flow, get_run_logger
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_ranked
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import truncation_counts, truncation_notice
 from rlhf_lib.data.conversations import rendered_ranked
-from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import save_model

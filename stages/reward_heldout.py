@@ -1,5 +1,5 @@
 """The trained reward model on its held-out pairs: accuracy with its interval, the cheap baselines beside it, the
-demo task's adversarial pairs, and the report. The reward stage runs it after training; `rescore` runs it on a trained
+task's adversarial pairs where it writes them, and the report. The reward stage runs it after training; `rescore` runs it on a trained
 RM and another data stage's held-out pairs (the chosen candidate on the test file, `benchmarks/rm_select.py`)."""
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from rlhf_lib.baselines import (
 )
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_pairs, read_ranked
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.conversations import RewardRendering, rendered_pairs, rendered_ranked
-from rlhf_lib.demo_task import FILE_NAMES, gold_breakdown
 from rlhf_lib.devices import autocast, weights_dtype
 from rlhf_lib.model_dirs import load_causal_lm
 from rlhf_lib.models import fit_length, load_tokenizer
 from rlhf_lib.reward import pair_scores
 from rlhf_lib.reward_report import adversarial_metrics, adversarial_report, rm_report
-from stages.data import has_judge, optional_digest
+from stages.data import data_task, optional_digest
 from stages.reward_models import build_reward, own_rendering
 from stages.rm_report import render_rm_report
 
@@ -41,7 +41,8 @@ def heldout_report(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model, to
     with autocast(device, cfg.resources.mixed_precision)():
         chosen, rejected = (s.tolist() for s in pair_scores(model, tokenizer, pairs, fit_length(r.max_length, model),
                                                             r.eval_batch_size, r.share_prompts))
-    report = rm_report(pairs, chosen, rejected, gold_breakdown if has_judge(data_dir) else None)
+    task = data_task(data_dir)  # its gold judge's terms and its report sections (rlhf_lib.tasks)
+    report = rm_report(pairs, chosen, rejected, task.gold.breakdown if task.gold else None)
     train = training_pairs(examples, r.baseline_train_pairs, r.seed)
     ngram = ngram_model(train, r.seed) if r.baselines else None  # fit once, judged twice
     report["adversarial"], metrics = adversarial(cfg, data_dir, model, tokenizer, rendering, ngram, device)
@@ -51,7 +52,7 @@ def heldout_report(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model, to
         report["baselines"], report["edge"] = baselines(cfg, data_dir, sft_dir, train, ngram, pairs,
                                                         np.asarray(chosen) > np.asarray(rejected), device)
         metrics.update(baseline_metrics(report["baselines"]))
-    return metrics, report, render_rm_report(cfg.name, report, chosen, rejected)
+    return metrics, report, render_rm_report(cfg.name, report, chosen, rejected, task.rm_report_sections(report))
 
 
 def no_edge_alarm(report: dict) -> str | None:
@@ -102,7 +103,7 @@ def baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, train: list, n
 
 def adversarial(cfg: PipelineConfig, data_dir: Path, model, tokenizer, rendering: RewardRendering | None,
                  ngram, device) -> tuple[dict, dict[str, float]]:
-    """The demo task's adversarial minimal pairs (`adversarial_pairs.jsonl`): accuracy by kind and by topic pair
+    """The task's adversarial minimal pairs (`adversarial_pairs.jsonl`, the demo's): accuracy by kind and by topic pair
     (`rlhf_lib.reward_report.adversarial_report`), with prefer-shorter and the n-gram regression on the same pairs
     (`ngram`: fit on the training pairs) when `reward.baselines` is on. ({}, {}) for data without them."""
     if not optional_digest(data_dir, "adversarial_pairs"):

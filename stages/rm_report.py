@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlhf_lib.intervals import with_interval
+from rlhf_lib.tasks import ReportSection
 from stages.report import _img, _table, hist_png
 
 
@@ -34,28 +35,22 @@ def _baseline_section(report: dict[str, Any]) -> list[str]:
             f"<p>The reward model {verdict} the policy's zero-shot log-likelihood: {html.escape(edge['text'])}.</p>"]
 
 
-def _adversarial_section(report: dict[str, Any]) -> list[str]:
-    """The adversarial minimal pairs of the demo task: by kind, the baselines on them, the worst topic pairs."""
-    adv = report.get("adversarial")
-    if not adv:
-        return []
-    base = [{"baseline": b["key"], "accuracy [95 %]": with_interval(b["accuracy"], b["ci95"]),
-             "its worst topic pair": f"{b['worst_topic_pair'].get('topic_pair', '')} "
-                                     f"{b['worst_topic_pair'].get('accuracy', float('nan')):.3g}"}
-            for b in adv.get("baselines", [])]
-    return [f"<h2>Adversarial minimal pairs</h2><p>{adv['pairs']} pairs (a clean response against its flawed twin): "
-            f"{html.escape(with_interval(adv['accuracy'], adv['ci95']))}; {adv['weak_topic_pairs']} of "
-            f"{len(adv['topic_pairs'])} topic pairs under {adv['floor']:g}.</p>",
-            _table(_rows(adv["by_kind"], "kind")), *([_table(base)] if base else []),
-            "<h3>Worst topic pairs (the response about the other topic should lose)</h3>",
-            _table(_rows(adv["worst_topic_pairs"], "topic_pair"))]
+def _task_section(section: ReportSection) -> list[str]:
+    """A section the task adds (`rlhf_lib.tasks.ReportSection`): its title, paragraph and tables."""
+    out = [f"<h2>{html.escape(section.title)}</h2><p>{html.escape(section.text)}</p>"]
+    for caption, rows in section.tables:
+        out += [f"<h3>{html.escape(caption)}</h3>"] if caption else []
+        out.append(_table([dict(r) for r in rows]))
+    return out
 
 
-def render_rm_report(name: str, report: dict[str, Any], chosen: Sequence[float], rejected: Sequence[float]) -> str:
-    """The report page: accuracy, by margin, by judge term, by category, the score plot, the confident mistakes."""
+def render_rm_report(name: str, report: dict[str, Any], chosen: Sequence[float], rejected: Sequence[float],
+                     sections: Sequence[ReportSection] = ()) -> str:
+    """The report page: accuracy, the baselines, the task's own `sections` (the demo's adversarial pairs), by margin,
+    by judge term, by category, the score plot, the confident mistakes."""
     sections = [f"<h2>Held-out pairwise accuracy</h2><p>{report['pairs']} pairs: "
                 f"{html.escape(with_interval(report['accuracy'], report['ci95']))}</p>",
-                *_baseline_section(report), *_adversarial_section(report),
+                *_baseline_section(report), *(part for sec in sections for part in _task_section(sec)),
                 "<h2>Accuracy by |score margin| (is it surer when it is right?)</h2>"
                 f"{_table(_rows(report['by_margin'], 'margin'))}"]
     if report.get("by_term"):

@@ -9,8 +9,8 @@ from prefect import flow
 
 from rlhf_lib.config import PipelineConfig
 from rlhf_lib.data import read_ranked, read_sft
+from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import truncation_counts, truncation_notice
-from rlhf_lib.demo_task import FILE_NAMES
 from rlhf_lib.devices import weights_dtype
 from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import save_model
@@ -27,7 +27,7 @@ from stages.artifact_cache import download
 from stages.base import RunSink, as_state, log_dataset, run_cached, warn
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
-from stages.data import dataset_name, file_digest
+from stages.data import data_task, dataset_name, file_digest
 from stages.follower import launch_id_of
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.supervised import Loop, numerics_section, train_supervised
@@ -57,7 +57,7 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
             tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
         else:
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,
-                                        split_digits=cfg.data.task == "arithmetic")
+                                        split_digits=data_task(data_dir).split_digits)
         model = build_policy(tokenizer, source, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                              n_positions=m.n_positions, seed=m.seed, revision=m.revision,
                              trust_remote_code=m.trust_remote_code, dtype=weights_dtype(m.dtype))

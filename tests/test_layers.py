@@ -108,3 +108,16 @@ def test_no_file_over_300_lines_without_a_reason_at_its_top():
             if len(lines) > 300 and "Over 300 lines because" not in "\n".join(lines[:40]):
                 long.append(f"{path.relative_to(ROOT)}: {len(lines)} lines")
     assert long == []
+
+
+def test_no_stage_or_flow_imports_a_task_package():
+    """The stages and flows reach a task through the protocol (`rlhf_lib.tasks`) only: a task's package (its builder,
+    judge, baselines) and the user data's reader are imported by its `task.py`, never by a stage (issue 56)."""
+    from rlhf_lib.tasks import TASKS
+
+    packages = {type(task).__module__.rsplit(".", 1)[0] for task in TASKS.values()} | {"rlhf_lib.data.user"}
+    assert packages >= {"rlhf_lib.demo_task", "rlhf_lib.arith_task", "rlhf_lib.user_task"}
+    found = sorted(f"{mod} -> {dep}" for mod, deps in GRAPH.items() if mod.split(".")[0] in ("stages", "flows")
+                   for dep in deps if any(dep == p or dep.startswith(p + ".") for p in packages))
+    assert found == []
+    assert "rlhf_lib.tasks" in GRAPH["stages.data"] and "rlhf_lib.tasks" in GRAPH["stages.eval"]

@@ -15,6 +15,7 @@ from statistics import fmean
 from typing import Any
 
 from ..config import DataConfig
+from ..data.contract import CONTRACT_FILES, FILE_NAMES
 from ..data.records import read_pairs, read_ranked, read_sft, write_jsonl
 from .adversarial import adversarial_pairs
 from .judge import gold_score
@@ -25,17 +26,6 @@ EVAL_PAIR_MARGIN = 0.5  # gold(chosen) - gold(rejected) of held-out pairs: clear
 _LOOP = re.compile(r"\b(\w+)(?: \1\b)+")
 _MAX_DRAWS = 10_000  # resampling guard; the response space is far larger than any list, so it is never reached
 
-FILE_NAMES: dict[str, str] = {
-    "sft": "sft.jsonl",
-    "preferences": "preferences.jsonl",
-    "prompts_train": "prompts_train.jsonl",
-    "prompts_eval": "prompts_eval.jsonl",
-    "eval_pairs": "eval_pairs.jsonl",
-    "prompts_val": "prompts_val.jsonl",
-    "adversarial_pairs": "adversarial_pairs.jsonl",
-}
-# The five files every task writes (the data contract); the demo task adds `prompts_val` and `adversarial_pairs`.
-CONTRACT_FILES: tuple[str, ...] = ("sft", "preferences", "prompts_train", "prompts_eval", "eval_pairs")
 
 
 def _rng(seed: int, stream: str) -> random.Random:

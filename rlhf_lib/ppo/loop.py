@@ -99,8 +99,8 @@ def _report(trainer: PPOTrainer, sink: Sink, monitor: AlarmMonitor, raised: set[
 @dataclass
 class PPOJob:
     """Everything a PPO run needs, JSON-able (it is the job file of a launched run): the config, the saved SFT and
-    reward models, the training prompts and demonstrations (PPO-ptx), whether the demo task's gold judge monitors
-    the samples, where the final policy goes, the checkpoints to resume from (newest first) and the held-out prompts
+    reward models, the training prompts and demonstrations (PPO-ptx), the task whose gold judge monitors the samples
+    (`rlhf_lib.tasks`; "" for none, or a task without one), where the final policy goes, the checkpoints to resume from (newest first) and the held-out prompts
     of the evaluation during PPO."""
 
     config: dict[str, Any]
@@ -109,7 +109,7 @@ class PPOJob:
     prompts: list[str]
     out_dir: str
     ptx: list[tuple[str, str]] = field(default_factory=list)
-    judge: bool = False
+    task: str = ""  # the task that built the data (`rlhf_lib.tasks.task_named`): its gold judge, if any
     resume: list[str] = field(default_factory=list)
     eval_prompts: list[str] = field(default_factory=list)  # the held-out prompts of ppo.eval_every
     columns: dict[str, dict[str, Any]] = field(default_factory=dict)  # the prompts' extra fields, by prompt text
@@ -186,9 +186,10 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
     """A whole PPO run: build the trainer, resume from the newest loadable checkpoint of `job.resume`, loop, and
     save the final policy (LoRA merged in) to `job.out_dir` as a plain transformers directory. Checkpoints are
     written under `workdir/checkpoints`."""
-    from rlhf_lib.demo_task import gold_score
+    from rlhf_lib.tasks import task_named
 
     cfg = job.cfg
+    gold = task_named(job.task).gold if job.task else None  # the task's own judge: monitoring only
     trainer = build_trainer(job, group)
     if job.resume:
         ckpt = load_first(trainer, [Path(p) for p in job.resume])
@@ -197,7 +198,7 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
         trainer.sync_engine()
     heldout = job.eval_prompts[: cfg.ppo.eval_prompts] if cfg.ppo.eval_every else []
     try:
-        ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold_score if job.judge else None, call,
+        ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold.score if gold else None, call,
                  heldout)
     finally:
         if trainer.engine is not None:

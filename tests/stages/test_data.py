@@ -6,13 +6,18 @@ import json
 
 from rlhf_lib.config import PipelineConfig
 from stages.cache import cache_key
-from stages.data import user_fingerprint
+from stages.data import data_identity
 
 ROW = {"chosen": "\n\nHuman: hi\n\nAssistant: yes", "rejected": "\n\nHuman: hi\n\nAssistant: no"}
 
 
+def user_fingerprint(cfg: PipelineConfig) -> str:
+    return data_identity(cfg)[1]
+
+
 def key_of(cfg: PipelineConfig) -> str:
-    return cache_key("data", cfg.data.key(), {}, user_fingerprint(cfg))
+    section, fingerprint = data_identity(cfg)
+    return cache_key("data", section, {}, fingerprint)
 
 
 def test_same_path_new_content_is_a_new_key(tmp_path):
@@ -77,7 +82,7 @@ def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
     info = data.source_info(tmp_path)
     assert (info["source"], info["judge"]) == ("arithmetic", None)
     assert info["reward"] == "rlhf_lib.rewards.builtin:exact_match"
-    assert not data.has_judge(tmp_path) and data.dataset_name(tmp_path, "sft") == "arithmetic-sft"
+    assert data.data_task(tmp_path).gold is None and data.dataset_name(tmp_path, "sft") == "arithmetic-sft"
     assert info["rows"] == {"sft": 80, "preferences": 40, "prompts_train": 40, "prompts_eval": 8, "eval_pairs": 16}
     assert run.metrics == {f"data/rows_{k}": v for k, v in info["rows"].items()}
     assert datasets == [f"arithmetic-{k}" for k in CONTRACT_FILES]

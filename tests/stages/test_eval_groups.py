@@ -1,11 +1,13 @@
-"""The demo eval's gold figures split by whether the prompt's topic was ever trained on (hand-made values)."""
+"""The demo task's eval gold figures (its `gold_groups`) split by whether the prompt's topic was ever trained on (hand-made values)."""
 
 from __future__ import annotations
 
 import pytest
 
 from rlhf_lib.demo_task import make_prompt
-from stages.eval_demo import by_topic_group
+from rlhf_lib.demo_task.task import TASK
+
+by_topic_group = TASK.gold_groups
 
 
 def test_gold_by_topic_group() -> None:
