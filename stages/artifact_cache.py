@@ -31,6 +31,7 @@ from mlflow.store.artifact.artifact_repository_registry import get_artifact_repo
 from stages.home import file_lock, state_dir
 from stages.manifest import manifest_digest, read_manifest, verify_digest
 from stages.net import ArtifactNotFound
+from stages.resolving import resolver
 from stages.tracking import RetryingClient, model_version, store_call
 
 Check = Callable[[Path], bool]
@@ -87,6 +88,7 @@ def resolve(uri: str) -> str:
     return uri
 
 
+@resolver
 def download(uri: str, digest: str | None = None, check: Check | None = None) -> Path:
     """The local path of an artifact or `models:/` URI, downloaded at most once per machine. `digest` (the manifest
     digest recorded at log time) or `check` must accept a download before it is kept. Callers only read the path."""
@@ -99,6 +101,12 @@ def download(uri: str, digest: str | None = None, check: Check | None = None) ->
         return fetch(location, check)
     except mlflow.exceptions.MlflowException as e:
         raise ArtifactNotFound(f"cannot load artifact {uri}: {e.message}") from None
+
+
+def download_own(uri: str, check: Check | None = None) -> Path:
+    """`download` for a build's own artifacts, which only the build can find: a checkpoint of the interrupted run
+    it resumes (`stages.resume`). Inputs are never fetched this way: they come resolved (`stages.inputs`)."""
+    return download.__wrapped__(uri, check=check)
 
 
 def transfer(location: str, dst: Path) -> Path:

@@ -10,6 +10,8 @@ validated here, before any training: a bad row fails the stage (FAILED run, noth
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,10 @@ from rlhf_lib.data.conversations import FILE_NAME as CONVERSATIONS
 from rlhf_lib.data.conversations import read_conversations, write_conversations
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.tasks import Digests, Task, task_for_config, task_of_data
-from stages.base import as_state, log_dataset, run_cached
+from stages.base import as_state, log_dataset
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
+from stages.inputs import StageInputs, frozen, run_stage
 from stages.manifest import dir_digest
 from stages.models_io import local_model, model_source_digest
 from stages.tracking import StageRun
@@ -88,22 +91,35 @@ def _validate_and_log(run: StageRun, paths: dict[str, Path], name: str) -> dict[
     return counts
 
 
-def _template_tokenizer(cfg: PipelineConfig):
-    """The loader of the policy's tokenizer, whose chat template renders the rows (None: a model built here)."""
-    m = cfg.model
+@dataclass(frozen=True)
+class DataInputs(StageInputs):
+    """The data stage's resolved inputs: its task (`rlhf_lib.tasks`) and the local folder of the policy's model
+    (`model.name_or_path`; None: a model built here), whose chat template renders conversational rows."""
 
-    def load():
-        if not m.name_or_path:
-            return None
-        return load_tokenizer(local_model(m.name_or_path, m.revision), m.revision, m.trust_remote_code)
-    return load
+    task: Task | None = None
+    template_model: str | None = None
 
 
-def _build(cfg: PipelineConfig, task: Task):
-    def build(run: StageRun, out_dir: Path) -> None:
+def resolve_data(config: PipelineConfig) -> DataInputs:
+    """The data stage's one resolution step: the task, its key (`data_identity`), the policy model's folder where its
+    chat template may render the rows."""
+    m = config.model
+    section, fingerprint = data_identity(config)
+    renders = m.name_or_path and config.data.render != "text"
+    return DataInputs(frozen(section), frozen({}), fingerprint, task=task_for_config(config.data),
+                      template_model=local_model(m.name_or_path, m.revision) if renders else None)
+
+
+def _build(cfg: PipelineConfig):
+    def build(run: StageRun, out_dir: Path, inputs: DataInputs, dirs: Mapping[str, Path]) -> None:
+        m = cfg.model
+
+        def template():  # loaded at the first row that needs it
+            return (load_tokenizer(inputs.template_model, m.revision, m.trust_remote_code)
+                    if inputs.template_model else None)
         # Conversational rows (user data, the arithmetic task on a pretrained policy) are rendered with the policy's
-        # chat template, when it has one; the tokenizer loads at the first row that needs it.
-        built = task.build(cfg, out_dir, Renderer(_template_tokenizer(cfg), cfg.data.render))
+        # chat template, when it has one.
+        built = inputs.task.build(cfg, out_dir, Renderer(template, cfg.data.render))
         if built.conversations is not None:  # the messages of each rendered prompt, for an RM with its own template
             write_conversations(out_dir / CONVERSATIONS, built.conversations)
         counts = _validate_and_log(run, dict(built.paths), built.name)
@@ -128,8 +144,7 @@ def data_stage(config: PipelineConfig, ctx: RunContext) -> StageResult:
     """Build the config's task (`rlhf_lib.tasks`: the demo or arithmetic task from `data.seed`, or the user's data
     sources read and validated) and log the contract's files as versioned data sets."""
     ctx = on_node(ctx, config.resources)  # on machine_rank > 0: node 0's data, once it is in MLflow
-    section, fingerprint = data_identity(config)
-    result, _ = run_cached(ctx, "data", section, {}, fingerprint, _build(config, task_for_config(config.data)))
+    result, _ = run_stage(ctx, "data", resolve_data(config), _build(config))
     return as_state(result)
 
 

@@ -4,6 +4,8 @@ reward model's report uses; the trained policy is registered as `rlhf-dpo`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import flow
@@ -18,11 +20,12 @@ from rlhf_lib.model_dirs import load_causal_lm, save_model
 from rlhf_lib.models import build_policy, fit_length
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunSink, as_state, log_dataset, run_cached, warn
+from stages.base import RunSink, as_state, log_dataset, warn
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import dataset_name, file_digest
 from stages.follower import launch_id_of
+from stages.inputs import MemoryCheck, StageInputs, frozen, run_stage
 from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
 
@@ -30,9 +33,31 @@ from stages.tracking import StageRun
 DPO_LOOP = Loop(train_dpo, launched, lambda path, tok: build_policy(tok, str(path)))
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult):
-    def build(run: StageRun, out_dir: Path) -> None:
-        sft_dir = download(sft.artifact_uri, sft.digest)  # here, not before the look-up: a cache hit needs none
+@dataclass(frozen=True)
+class DPOInputs(StageInputs):
+    """The DPO stage's resolved inputs: the data (its folder and stage result); the SFT model (`models["sft"]`) is
+    both the policy's start and the reference."""
+
+    data_dir: Path = Path()
+    data: StageResult | None = None
+
+
+def resolve_dpo(config: PipelineConfig, data: StageResult, sft: StageResult) -> DPOInputs:
+    """The DPO stage's one resolution step: the data artifact, the key's parts. No memory plan yet: `rlhf_lib.memory`
+    has no DPO estimate, so the stage is never refused ahead (`MemoryCheck()`)."""
+    data_dir = download(data.artifact_uri, data.digest)
+    fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
+    # The SFT model's digest stands for the model; its dtype and remote code are how it is loaded here.
+    section = {"dpo": config.dpo.key(), "model": {"dtype": config.model.dtype,
+                                                  "trust_remote_code": config.model.trust_remote_code},
+               **numerics_section(config.resources)}
+    return DPOInputs(frozen(section), frozen({"sft": sft}), fingerprint, frozen({"sft": sft}),
+                     MemoryCheck(), data_dir=data_dir, data=data)
+
+
+def _build(cfg: PipelineConfig):
+    def build(run: StageRun, out_dir: Path, inputs: DPOInputs, dirs: Mapping[str, Path]) -> None:
+        data_dir, data, sft_dir = inputs.data_dir, inputs.data, dirs["sft"]  # fetched after the look-up
         model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
         examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows
         log_dataset(run, [{"prompt": e.prompt, "responses_best_first": list(e.responses)} for e in examples],
@@ -67,11 +92,5 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
 def dpo_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult) -> StageResult:
     """Train the SFT model with DPO on the preference pairs; report its implicit reward's held-out accuracy."""
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
-    data_dir = download(data.artifact_uri, data.digest)
-    fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
-    # The SFT model's digest stands for the model; its dtype and remote code are how it is loaded here.
-    section = {"dpo": config.dpo.key(), "model": {"dtype": config.model.dtype,
-                                                  "trust_remote_code": config.model.trust_remote_code},
-               **numerics_section(config.resources)}
-    result, _ = run_cached(ctx, "dpo", section, {"sft": sft}, fingerprint, _build(config, data_dir, data, sft))
+    result, _ = run_stage(ctx, "dpo", resolve_dpo(config, data, sft), _build(config))
     return as_state(result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -18,38 +18,26 @@ from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.conversations import rendered_pairs, reward_rendering
 from rlhf_lib.devices import DTYPES, autocast, weights_dtype
 from rlhf_lib.distributed import ProcessGroup
-from rlhf_lib.envs import environment_digest
 from rlhf_lib.envs.episodes import EpisodeRunner
 from rlhf_lib.eval import evaluate
 from rlhf_lib.eval_groups import group_values
 from rlhf_lib.intervals import proportion_interval
-from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
 from rlhf_lib.reward import pairwise_accuracy, score_texts
 from rlhf_lib.rewards.combine import RewardSet
-from rlhf_lib.rewards.functions import reward_code
 from rlhf_lib.rewards.judge import load_judge
 from rlhf_lib.rewards.retokenize import RewardScorer
 from rlhf_lib.tasks import Scorer
-from stages.artifact_cache import download
-from stages.base import as_state, key_lock, log_dataset, run_cached
+from stages.base import as_state, key_lock, log_dataset
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
-from stages.data import (
-    conversations,
-    conversations_digest,
-    data_task,
-    dataset_name,
-    file_digest,
-    optional_digest,
-    prompt_columns,
-    source_info,
-)
-from stages.eval_judge import eval_judge_model, load_eval_judge
-from stages.eval_upstream import measured_accuracy, ppo_alarms, ppo_history, ppo_tags
+from stages.data import conversations, dataset_name, file_digest, optional_digest, prompt_columns, source_info
+from stages.eval_inputs import DPO_ARM, EvalInputs, control_stage, resolve_eval
+from stages.eval_judge import load_eval_judge
 from stages.eval_memo import SftMemo, memo_key
-from stages.models_io import judge_models
+from stages.eval_upstream import measured_accuracy, ppo_alarms, ppo_history, ppo_tags
+from stages.inputs import run_stage
 from stages.report import render_html
 from stages.tracking import RetryingClient, StageRun, model_version
 
@@ -66,12 +54,12 @@ def rm_scorer(cfg: PipelineConfig, reward, tokenizer, precision) -> Scorer:
     return score
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dict[str, StageResult],
-           judges: dict[str, str] | None = None, eval_judge: str | None = None, memo: MemoFor | None = None):
+def _build(cfg: PipelineConfig, memo: MemoFor | None = None):
     """`memo(device)`: where the SFT side's samples are remembered (`stages.eval_memo`); None samples them all."""
-    def build(run: StageRun, out_dir: Path) -> None:
-        preflight(cfg, "eval")  # refuse a stage that cannot fit the device before anything loads
-        dirs = {k: download(v.artifact_uri, v.digest) for k, v in upstream.items()}  # not before the look-up
+    def build(run: StageRun, out_dir: Path, inputs: EvalInputs, dirs: Mapping[str, Path]) -> None:
+        inputs.memory.enforce()  # refuse a stage that cannot fit the device before anything loads
+        data_dir, data, upstream = inputs.data_dir, inputs.data, inputs.upstream
+        judges, eval_judge, task = inputs.judges, inputs.eval_judge, inputs.task
         trust, dtype = cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype)
         device = ProcessGroup(device=cfg.resources.device).device
         policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
@@ -102,7 +90,6 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
                             cfg.eval.batch_size, judges=graders)
         log_dataset(run, [{"prompt": p} for p in prompts], f"{data.artifact_uri}/{FILE_NAMES['prompts_eval']}",
                     dataset_name(data_dir, "prompts_eval"), "evaluation", file_digest(data_dir, "prompts_eval"))
-        task = data_task(data_dir)  # its gold judge, eval groups and constant reply (rlhf_lib.tasks)
         judge, terms = (task.gold.score, task.gold.breakdown) if task.gold else (None, None)
         if cfg.eval.judge is not None:  # a judge PPO never optimised: the gold of this eval
             judge, terms = load_eval_judge(cfg, eval_judge, tokenizer, data_dir, rewards.columns, device), None
@@ -191,14 +178,6 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, upstream: dic
     return build
 
 
-DPO_ARM = "dpo"  # the DPO policy's arm: its upstream name and the prefix of its figures (dpo_reward_mean, ...)
-
-
-def control_stage(name: str) -> str:
-    """The upstream name of the control arm `name` (`eval.controls`): its PPO run's result, `ppo-<name>`."""
-    return f"ppo-{name}"
-
-
 @flow(name="eval", flow_run_name="eval-{config.name}")
 def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult,
                reward: StageResult | None, ppo: StageResult,
@@ -212,40 +191,14 @@ def eval_stage(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: 
     controls = controls or {}
     if missing := [c for c in config.eval.controls if c not in controls]:
         raise ValueError(f"eval.controls: no PPO run of the control arm(s) {missing} was given to the eval stage")
-    data_dir = download(data.artifact_uri, data.digest)
-    upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {}) | {"ppo": ppo}
-    upstream |= {control_stage(name): controls[name] for name in config.eval.controls}
-    if dpo is not None:
-        upstream[DPO_ARM] = dpo
-    fingerprint = file_digest(data_dir, "prompts_eval") + file_digest(data_dir, "eval_pairs")
-    fingerprint += optional_digest(data_dir, "prompts_val")  # the best constant reply is picked on it
-    if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
-        fingerprint += conversations_digest(data_dir)
-    section = {"eval": config.eval.key(), "model": {"n_positions": config.model.n_positions,
-                                                           "dtype": config.model.dtype},
-               "reward": {"max_length": config.reward.max_length},
-               "resources": {"mixed_precision": config.resources.mixed_precision},
-               "rewards": [s.model_dump() for s in config.ppo.rewards],
-               "reward_code": reward_code(config.ppo.rewards)}
-    if config.eval.best_of and config.ppo.missing_eos_penalty:  # best-of-n reranks with PPO's shaping
-        section["best_of_shaping"] = {"missing_eos_penalty": config.ppo.missing_eos_penalty}
-    if config.ppo.environment:  # the eval's episodes run the environment too
-        section["environment"] = {"name": config.ppo.environment, "max_turns": config.ppo.max_turns,
-                                  "max_episode_tokens": config.ppo.max_episode_tokens,
-                                  "code": environment_digest(config.ppo.environment)}
-    judges, judge_ids = judge_models(config.ppo.rewards)
-    if judge_ids:
-        section["judges"] = judge_ids
-    eval_judge = None
-    if config.eval.judge is not None:  # its model's identity, and a function's source, join the key
-        eval_judge, section["eval_judge"] = eval_judge_model(config.eval.judge)
-        section["eval_judge_code"] = reward_code([config.eval.judge])
+    inputs = resolve_eval(config, data, sft, reward, ppo, controls, dpo)
+    section, upstream, fingerprint = dict(inputs.section), dict(inputs.upstream), inputs.fingerprint
+
     def memo(device: str) -> SftMemo:  # --force eval samples the SFT side again too
         key = memo_key(section, upstream, fingerprint, device, config.resources.frozen_dtype)
         return SftMemo(key, refresh="eval" in ctx.force)
 
-    build = _build(config, data_dir, data, upstream, judges, eval_judge, memo)
-    result, local = run_cached(ctx, "eval", section, upstream, fingerprint, build, fetch=True)  # the report
+    result, local = run_stage(ctx, "eval", inputs, _build(config, memo), fetch=True)  # the report
     report = json.loads((local / "report.json").read_text())
     metrics = report["metrics"]
     if result.status == "ran" and ppo.model_uri:

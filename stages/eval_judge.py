@@ -18,8 +18,10 @@ from rlhf_lib.rewards.judge import load_judge
 from rlhf_lib.rewards.retokenize import RewardScorer
 from stages.artifact_cache import download
 from stages.models_io import judge_models
+from stages.resolving import resolver
 
 
+@resolver
 def eval_judge_model(source: RewardSource) -> tuple[str | None, str]:
     """The local folder and the identity (for the eval's cache key and lineage) of eval.judge's model: a reward
     model's MLflow URI by the digest of its files, a judge model as `ppo.rewards`' judges; (None, "") for a function

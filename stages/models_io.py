@@ -9,6 +9,7 @@ from rlhf_lib.model_import import KNOWN, ModelImportError, import_model, is_gguf
 from stages.artifact_cache import download
 from stages.home import file_lock, state_dir
 from stages.manifest import dir_digest
+from stages.resolving import resolver
 
 if TYPE_CHECKING:  # transformers' model classes are slow to import; a cached run never needs them
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -44,6 +45,7 @@ def gguf_digest(path: str) -> str:
     return sha256_memo(file)
 
 
+@resolver
 def local_model(name_or_path: str, revision: str | None = None) -> str:
     """`name_or_path` as `from_pretrained` reads it: a `.gguf` file or a known name becomes its float32 folder,
     imported once under `<state>/imported/` (a lock makes concurrent stages wait for one import); a hub id or a
@@ -56,6 +58,7 @@ def local_model(name_or_path: str, revision: str | None = None) -> str:
     return str(out)
 
 
+@resolver
 def model_source_digest(name_or_path: str | None, revision: str | None = None) -> str:
     """The identity of a configured pretrained model for cache keys: the content of a local directory (its files
     can change under the same path), the sha256 of a `.gguf` file or of a known model's pinned file, else the hub
@@ -119,6 +122,7 @@ def base_model_tags(name_or_path: str, source: str, run=None) -> dict[str, str]:
     return tags
 
 
+@resolver
 def judge_models(sources) -> tuple[dict[str, str], dict[str, str]]:
     """The local folder and the identity (for cache keys and lineage) of each `kind: judge` reward source's model: an
     MLflow model URI through the registry and the local artifact cache (`stages.cache.given_model`), a `.gguf` file

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,12 @@ from rlhf_lib.data import read_prompts, read_sft
 from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import prompt_truncations
 from rlhf_lib.envs import environment_digest
-from rlhf_lib.memory import preflight
 from rlhf_lib.models import load_tokenizer
 from rlhf_lib.ppo.loop import PHASES, PPOJob, launched, train_ppo
 from rlhf_lib.ppo.sharding import check_sizes
 from rlhf_lib.rewards.functions import reward_code
 from stages.artifact_cache import download
-from stages.base import as_state, log_dataset, run_cached
+from stages.base import as_state, log_dataset
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import (
@@ -44,6 +44,7 @@ from stages.data import (
 )
 from stages.follower import FollowerRun, launch_id_of, pending_key
 from stages.ppo_sink import PPORunSink
+from stages.inputs import StageInputs, frozen, memory_check, run_stage
 from stages.launch import default_config, run_job
 from stages.models_io import judge_models
 from stages.rendezvous import FollowerDone
@@ -95,18 +96,59 @@ def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: l
     return {p: table[p] for p in prompts if p in table}
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageResult, reward: StageResult | None,
-           judges: dict[str, str] | None = None, judge_ids: dict[str, str] | None = None):
-    def build(run: StageRun, out_dir: Path) -> None:
+@dataclass(frozen=True)
+class PPOInputs(StageInputs):
+    """The PPO stage's resolved inputs: the data (its folder and stage result, the task whose gold judge monitors),
+    each `kind: judge` reward source's local folder and identity, and the SFT and reward models (`models`)."""
+
+    data_dir: Path = Path()
+    data: StageResult | None = None
+    task: str = ""
+    judges: Mapping[str, str] = field(default_factory=dict)
+    judge_ids: Mapping[str, str] = field(default_factory=dict)
+    rm_alarm: str | None = None  # the reward run's rm_no_edge alarm (`rm_edge`), a warning
+
+
+def resolve_ppo(config: PipelineConfig, data: StageResult, sft: StageResult, reward: StageResult | None) -> PPOInputs:
+    """The PPO stage's one resolution step: the RM's edge check (`rm_edge`: refused here under
+    `ppo.require_rm_edge`), the data artifact, the key's parts (PPO's keys, the reward functions' and the
+    environment's code, the judges' weights), the judges' folders, the memory plan."""
+    rm_alarm = rm_edge(config, reward) if reward is not None else None
+    data_dir = download(data.artifact_uri, data.digest)
+    # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
+    section = {"ppo": config.ppo.key(), "model": {"n_positions": config.model.n_positions, "dtype": config.model.dtype},
+               "resources": {"mixed_precision": config.resources.mixed_precision,
+                             "frozen_dtype": config.resources.frozen_dtype}}
+    if config.ppo.ptx_coef > 0:  # the demonstrations' length
+        section["sft"] = {"max_length": config.sft.max_length}
+    if code := reward_code(config.ppo.rewards):
+        section["reward_code"] = code
+    if config.ppo.environment:  # an edited environment reruns PPO
+        section["environment_code"] = environment_digest(config.ppo.environment)
+    # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
+    fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
+                                                            if config.ppo.eval_every else "")
+    if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
+        fingerprint += conversations_digest(data_dir)
+    judges, judge_ids = judge_models(config.ppo.rewards)  # refused here, before any work, if one cannot load
+    if judge_ids:  # the judges' weights: a new judge behind the same name reruns PPO
+        section["judges"] = judge_ids
+    upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
+    return PPOInputs(frozen(section), frozen(upstream), fingerprint, frozen(upstream), memory_check(config, "ppo"),
+                     data_dir=data_dir, data=data, task=data_task(data_dir).name, judges=frozen(judges),
+                     judge_ids=frozen(judge_ids), rm_alarm=rm_alarm)
+
+
+def _build(cfg: PipelineConfig):
+    def build(run: StageRun, out_dir: Path, inputs: PPOInputs, dirs: Mapping[str, Path]) -> None:
+        data_dir, data, judges, judge_ids = inputs.data_dir, inputs.data, inputs.judges, inputs.judge_ids
         if judge_ids:  # lineage: which judge graded the replies
             run.set_tags({f"rlhf.judge.{name}": f"{next(s.model for s in cfg.ppo.rewards if s.name == name)} "
                           f"({ident})" for name, ident in judge_ids.items()})
-        preflight(cfg, "ppo")  # refuse a stage that cannot fit the device before anything loads
+        inputs.memory.enforce()  # refuse a stage that cannot fit the device before anything loads
         r = cfg.resources  # before any model is loaded or process launched; the batch is split over every node's
         check_sizes(cfg.ppo, r.num_processes * r.num_machines)
-        # Here, not before the look-up: a cache hit downloads no model.
-        sft_dir = download(sft.artifact_uri, sft.digest)
-        reward_dir = download(reward.artifact_uri, reward.digest) if reward is not None else None
+        sft_dir, reward_dir = dirs["sft"], dirs.get("reward")  # fetched after the look-up: a hit downloads none
         prompts = [p.prompt for p in read_prompts(data_dir / FILE_NAMES["prompts_train"]).rows]
         ptx = ([(e.prompt, e.response) for e in read_sft(data_dir / FILE_NAMES["sft"]).rows]
                if cfg.ppo.ptx_coef > 0 else [])
@@ -123,9 +165,9 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult, sft: StageRes
         # The job's own copy keeps what redaction would hide (a literal key in a reward URL): it never leaves us.
         job = PPOJob(config=cfg.model_dump(mode="json", context={KEEP_SECRETS: True}), sft_dir=str(sft_dir),
                      reward_dir=str(reward_dir) if reward_dir else None, prompts=prompts, out_dir=str(out_dir), ptx=ptx,
-                     task=data_task(data_dir).name, eval_prompts=heldout,
+                     task=inputs.task, eval_prompts=heldout,
                      columns=prompt_columns(data_dir, "prompts_train", "prompts_eval"),
-                     conversations=_conversations(data_dir, cfg, reward is not None, prompts + heldout),
+                     conversations=_conversations(data_dir, cfg, reward_dir is not None, prompts + heldout),
                      judges=dict(judges or {}))
         _train(cfg, run, job)
     return build
@@ -225,28 +267,8 @@ def ppo_control_stage(
 def _ppo(config: PipelineConfig, ctx: RunContext, data: StageResult, sft: StageResult, reward: StageResult | None,
          variant: str | None = None) -> StageResult:
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
-    if reward is not None and (alarm := rm_edge(config, reward)):
-        get_run_logger().warning("ppo: the reward stage raised alarm rm_no_edge: %s", alarm)
-    data_dir = download(data.artifact_uri, data.digest)
-    # Besides PPO's own keys, what changes its numbers: the prompt budget and the models' precision.
-    section = {"ppo": config.ppo.key(), "model": {"n_positions": config.model.n_positions, "dtype": config.model.dtype},
-               "resources": {"mixed_precision": config.resources.mixed_precision,
-                             "frozen_dtype": config.resources.frozen_dtype}}
-    if config.ppo.ptx_coef > 0:  # the demonstrations' length
-        section["sft"] = {"max_length": config.sft.max_length}
-    if code := reward_code(config.ppo.rewards):
-        section["reward_code"] = code
-    if config.ppo.environment:  # an edited environment reruns PPO
-        section["environment_code"] = environment_digest(config.ppo.environment)
-    # The held-out prompts are an input only when PPO evaluates on them (ppo.eval_every).
-    fingerprint = file_digest(data_dir, "prompts_train") + (file_digest(data_dir, "prompts_eval")
-                                                            if config.ppo.eval_every else "")
-    if reward is not None and config.reward.name_or_path:  # the RM renders the conversations with its own template
-        fingerprint += conversations_digest(data_dir)
-    judges, judge_ids = judge_models(config.ppo.rewards)  # refused here, before any work, if one cannot load
-    if judge_ids:  # the judges' weights: a new judge behind the same name reruns PPO
-        section["judges"] = judge_ids
-    upstream = {"sft": sft} | ({"reward": reward} if reward is not None else {})
-    result, _ = run_cached(ctx, "ppo", section, upstream, fingerprint,
-                           _build(config, data_dir, data, sft, reward, judges, judge_ids), variant=variant)
+    inputs = resolve_ppo(config, data, sft, reward)
+    if inputs.rm_alarm:
+        get_run_logger().warning("ppo: the reward stage raised alarm rm_no_edge: %s", inputs.rm_alarm)
+    result, _ = run_stage(ctx, "ppo", inputs, _build(config), variant=variant)
     return as_state(result)

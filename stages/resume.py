@@ -85,7 +85,7 @@ def attempts(run: StageRun, found: Resume | None) -> Iterator[Path | None]:
         for name in found.checkpoints:
             found.downloaded.append(found.location(name))
             try:
-                path = artifact_cache.download(found.location(name), check=is_complete)
+                path = artifact_cache.download_own(found.location(name), check=is_complete)
             except ArtifactNotFound as e:
                 _log.warning("ppo: checkpoint %s of run %s could not be downloaded: %s", name, found.run_id, e)
                 continue

@@ -28,14 +28,16 @@ from rlhf_lib.models import fit_length, load_tokenizer
 from rlhf_lib.reward import pair_scores
 from rlhf_lib.reward_report import adversarial_metrics, adversarial_report, rm_report
 from stages.data import data_task, optional_digest
-from stages.reward_models import build_reward, own_rendering
+from stages.reward_models import build_reward, own_rendering, reward_base
 from stages.rm_report import render_rm_report
 
 
 def heldout_report(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model, tokenizer,
-                   rendering: RewardRendering | None, examples: list, device) -> tuple[dict[str, float], dict, str]:
+                   rendering: RewardRendering | None, examples: list, device,
+                   base: str | None = None) -> tuple[dict[str, float], dict, str]:
     """The trained `model` (on `device`) on the data stage's held-out pairs, beside the baselines fit on the training
-    lists `examples` when `reward.baselines` is on: (metrics, report, report HTML)."""
+    lists `examples` when `reward.baselines` is on: (metrics, report, report HTML). `base`: the RM's own base model's
+    folder (`stages.reward_models.reward_base`), whose features the linear probe reads."""
     r = cfg.reward
     pairs = rendered_pairs(read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows, rendering)
     with autocast(device, cfg.resources.mixed_precision)():
@@ -49,7 +51,7 @@ def heldout_report(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model, to
     metrics["reward/heldout_accuracy"] = report["accuracy"]
     metrics["reward/heldout_accuracy_ci95_low"], metrics["reward/heldout_accuracy_ci95_high"] = report["ci95"]
     if r.baselines:
-        report["baselines"], report["edge"] = baselines(cfg, data_dir, sft_dir, train, ngram, pairs,
+        report["baselines"], report["edge"] = baselines(cfg, data_dir, sft_dir, base, train, ngram, pairs,
                                                         np.asarray(chosen) > np.asarray(rejected), device)
         metrics.update(baseline_metrics(report["baselines"]))
     return metrics, report, render_rm_report(cfg.name, report, chosen, rejected, task.rm_report_sections(report))
@@ -73,10 +75,11 @@ def rescore(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model_dir: Path,
     tokenizer = load_tokenizer(model_dir, trust_remote_code=cfg.reward.trust_remote_code)
     rendering = own_rendering(cfg, data_dir, sft_dir, tokenizer)
     examples = rendered_ranked(read_ranked(data_dir / FILE_NAMES["preferences"]).rows, rendering)
-    return heldout_report(cfg, data_dir, sft_dir, model.eval(), tokenizer, rendering, examples, device)
+    return heldout_report(cfg, data_dir, sft_dir, model.eval(), tokenizer, rendering, examples, device,
+                          reward_base(cfg))
 
 
-def baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, train: list, ngram, pairs: list,
+def baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, base_dir: str | None, train: list, ngram, pairs: list,
                rm_right: np.ndarray, device) -> tuple[list[dict], dict]:
     """The cheap baselines beside the trained RM on its held-out pairs (`rlhf_lib.baselines`), and whether it beats
     the policy's zero-shot log-likelihood. The log-likelihood reads the policy's own text with the SFT model; the
@@ -91,7 +94,7 @@ def baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, train: list, n
         verdicts.append(zero_shot_loglik(policy, policy_tokenizer, raw, fit_length(r.max_length, policy),
                                          batch_size=8))
     del policy
-    base, tokenizer = build_reward(cfg, sft_dir)  # the RM before training: its backbone's features
+    base, tokenizer = build_reward(cfg, sft_dir, base_dir)  # the RM before training: its backbone's features
     base = base.to(device).eval()
     with precision():
         verdicts.append(linear_probe(base, tokenizer, train, pairs, fit_length(r.max_length, base),

@@ -15,12 +15,19 @@ from stages.models_io import base_model_tags, local_model
 from stages.tracking import StageRun
 
 
-def build_reward(cfg: PipelineConfig, sft_dir: Path, run: StageRun | None = None):
-    """The untrained reward model and its tokenizer: from `reward.name_or_path` (its own tokenizer), from the SFT
-    model (InstructGPT), or a fresh model of the policy's sizes (`reward.init_from_sft=false`)."""
+def reward_base(cfg: PipelineConfig) -> str | None:
+    """The local folder of `reward.name_or_path` (a .gguf or known name: its imported folder), or None: the RM starts
+    from the SFT model. A resolver: called in the reward stage's resolution step, not in its build."""
     r = cfg.reward
-    if r.name_or_path:
-        source = local_model(r.name_or_path, r.revision)  # a .gguf or known name: its imported folder
+    return local_model(r.name_or_path, r.revision) if r.name_or_path else None
+
+
+def build_reward(cfg: PipelineConfig, sft_dir: Path, source: str | None, run: StageRun | None = None):
+    """The untrained reward model and its tokenizer: from `source` (`reward_base`: the folder of
+    `reward.name_or_path`, with its own tokenizer), from the SFT model (InstructGPT), or a fresh model of the
+    policy's sizes (`reward.init_from_sft=false`)."""
+    r = cfg.reward
+    if source:
         if run is not None:
             run.set_tags(base_model_tags(r.name_or_path, source, run))
         tokenizer = load_tokenizer(source, r.revision, r.trust_remote_code)

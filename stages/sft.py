@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +14,6 @@ from rlhf_lib.data import read_ranked, read_sft
 from rlhf_lib.data.contract import FILE_NAMES
 from rlhf_lib.data.collate import truncation_counts, truncation_notice
 from rlhf_lib.devices import weights_dtype
-from rlhf_lib.memory import preflight
 from rlhf_lib.model_dirs import save_model
 from rlhf_lib.models import (
     build_policy,
@@ -24,11 +25,12 @@ from rlhf_lib.models import (
 from rlhf_lib.sft import launched, train_sft
 from rlhf_lib.training import n_batches
 from stages.artifact_cache import download
-from stages.base import RunSink, as_state, log_dataset, run_cached, warn
+from stages.base import RunSink, as_state, log_dataset, warn
 from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import data_task, dataset_name, file_digest
 from stages.follower import launch_id_of
+from stages.inputs import StageInputs, frozen, memory_check, run_stage
 from stages.models_io import base_model_tags, local_model, model_source_digest
 from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
@@ -46,18 +48,45 @@ def tokenizer_corpus(data_dir: Path):
         yield from (ex.prompt + r for r in ex.responses)
 
 
-def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
-    def build(run: StageRun, out_dir: Path) -> None:
-        preflight(cfg, "sft")  # refuse a stage that cannot fit the device before anything loads
+@dataclass(frozen=True)
+class SFTInputs(StageInputs):
+    """The SFT stage's resolved inputs: the data (its folder, its stage result, its task) and the base model's local
+    folder (`model.name_or_path`, imported if a .gguf or known name; None: a model built here)."""
+
+    data_dir: Path = Path()
+    data: StageResult | None = None
+    split_digits: bool = False
+    base_model: str | None = None
+
+
+def resolve_sft(config: PipelineConfig, data: StageResult) -> SFTInputs:
+    """The SFT stage's one resolution step: the data artifact, the key's parts, the base model's folder, the memory
+    plan."""
+    m = config.model
+    data_dir = download(data.artifact_uri, data.digest)
+    section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
+    # A fresh tokenizer is trained on these two files (`tokenizer_corpus`: no held-out file), the model on the
+    # first; a local pretrained model counts by its content.
+    fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences"))
+    fingerprint += model_source_digest(m.name_or_path, m.revision)
+    return SFTInputs(frozen(section), frozen({}), fingerprint, memory=memory_check(config, "sft"), data_dir=data_dir,
+                     data=data, split_digits=data_task(data_dir).split_digits,
+                     base_model=local_model(m.name_or_path, m.revision) if m.name_or_path else None)
+
+
+def _build(cfg: PipelineConfig):
+    def build(run: StageRun, out_dir: Path, inputs: SFTInputs, dirs: Mapping[str, Path]) -> None:
+        inputs.memory.enforce()  # refuse a stage that cannot fit the device before anything loads
+        data_dir, data = inputs.data_dir, inputs.data
         torch.manual_seed(cfg.model.seed)
         m = cfg.model
-        source = local_model(m.name_or_path, m.revision) if m.name_or_path else None  # a .gguf: its import
+        source = inputs.base_model
         if source:
             run.set_tags(base_model_tags(m.name_or_path, source, run))
             tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
         else:
             tokenizer = train_tokenizer(tokenizer_corpus(data_dir), m.vocab_size,
-                                        split_digits=data_task(data_dir).split_digits)
+                                        split_digits=inputs.split_digits)
         model = build_policy(tokenizer, source, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                              n_positions=m.n_positions, seed=m.seed, revision=m.revision,
                              trust_remote_code=m.trust_remote_code, dtype=weights_dtype(m.dtype))
@@ -88,11 +117,5 @@ def _build(cfg: PipelineConfig, data_dir: Path, data: StageResult):
 def sft_stage(config: PipelineConfig, ctx: RunContext, data: StageResult) -> StageResult:
     """Supervised fine-tuning on the demonstrations (loss on response tokens only)."""
     ctx = on_node(ctx, config.resources)  # this node's role in a multi-node run (stages.follower.follow)
-    data_dir = download(data.artifact_uri, data.digest)
-    section = {"model": config.model.model_dump(), "sft": config.sft.model_dump(), **numerics_section(config.resources)}
-    # A fresh tokenizer is trained on these two files (`tokenizer_corpus`: no held-out file), the model on the
-    # first; a local pretrained model counts by its content.
-    fingerprint = "".join(file_digest(data_dir, k) for k in ("sft", "preferences"))
-    fingerprint += model_source_digest(config.model.name_or_path, config.model.revision)
-    result, _ = run_cached(ctx, "sft", section, {}, fingerprint, _build(config, data_dir, data))
+    result, _ = run_stage(ctx, "sft", resolve_sft(config, data), _build(config))
     return as_state(result)

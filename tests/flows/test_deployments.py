@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from mlflow import MlflowClient
 
@@ -43,12 +44,12 @@ def _prefect(env: dict, line: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def _read_prefect(env: dict, expression: str):
-    """`expression` of a Prefect client `c` of the served Prefect API, as JSON, from a process of its own."""
-    code = ("import json\nfrom prefect.client.orchestration import get_client\n"
-            f"with get_client(sync_client=True) as c:\n    print(json.dumps({expression}))")
-    return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                     check=True).stdout.strip().splitlines()[-1])
+def _api(env: dict, method: str, path: str, body: dict | None = None):
+    """One call of the served Prefect REST API (`PREFECT_API_URL`), as JSON: what the client reads, without a
+    process of its own per read."""
+    response = httpx.request(method, env["PREFECT_API_URL"].rstrip("/") + path, json=body, timeout=60)
+    response.raise_for_status()
+    return response.json()
 
 
 def test_readme_deployment_lines_run_and_a_partial_config_changes_one_key(served):
@@ -76,7 +77,7 @@ def test_readme_deployment_lines_run_and_a_partial_config_changes_one_key(served
     assert logged == {k: str(v) for k, v in expected.items()}  # the preset's values, with the one override
 
     flow_run_id = parent.data.tags["rlhf.prefect_flow_run_id"]
-    parameters = _read_prefect(env, f"c.read_flow_run({flow_run_id!r}).parameters")
+    parameters = _api(env, "GET", f"/flow_runs/{flow_run_id}")["parameters"]
     assert parameters["preset"] == "micro"
     assert parameters["config"] == load_config("micro", sets=["ppo.lr=1e-4"]).model_dump(mode="json")
 
@@ -91,14 +92,13 @@ def test_a_bad_key_or_type_is_refused_before_any_run(served):
 
 def test_the_deployments_form_shows_the_presets_values(served):
     _, env = served
-    params = _read_prefect(env, "c.read_deployment_by_name('rlhf/ppo').parameters")
+    params = _api(env, "GET", "/deployments/name/rlhf/ppo")["parameters"]
     assert params["preset"] == "micro" and params["config"] == load_config("micro").model_dump(mode="json")
 
 
 def _last_flow_run_state(env: dict) -> list:
-    return _read_prefect(env, "[(r.state.type.value, r.state.message) for r in c.read_flow_runs("
-                              "sort=__import__('prefect.client.schemas.sorting', fromlist=['x']).FlowRunSort"
-                              ".START_TIME_DESC, limit=1)][0]")
+    run = _api(env, "POST", "/flow_runs/filter", {"sort": "START_TIME_DESC", "limit": 1})[0]
+    return [run["state"]["type"], run["state"]["message"]]
 
 
 def test_a_deployment_run_may_name_code_only_where_the_host_allows_it(served):

@@ -65,12 +65,12 @@ def test_the_data_stage_builds_the_arithmetic_task(tmp_path, monkeypatch):
 
     calls, datasets, run = [], [], FakeRun()
 
-    def run_cached(ctx, stage, section, upstream, fingerprint, build):
-        calls.append((stage, section, fingerprint))
-        build(run, tmp_path)
+    def run_stage(ctx, stage, inputs, build):
+        calls.append((stage, dict(inputs.section), inputs.fingerprint))
+        build(run, tmp_path, inputs, {})
         return "result", None
 
-    monkeypatch.setattr(data, "run_cached", run_cached)
+    monkeypatch.setattr(data, "run_stage", run_stage)
     monkeypatch.setattr(data, "as_state", lambda result: result)
     monkeypatch.setattr(data, "log_dataset", lambda run, rows, source, name, context, digest: datasets.append(name))
     cfg = PipelineConfig.model_validate({"data": {"task": "arithmetic", "n_train_prompts": 40, "n_eval_prompts": 8}})
