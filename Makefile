@@ -30,8 +30,10 @@ $(STAMP): requirements.lock pyproject.toml
 demo: setup
 	$(BIN)/rlhf demo
 
+# Two worker processes, each test file whole on one of them (its module fixtures and its order kept): the suite is
+# mostly single-threaded waits (process starts, imports, servers), so two workers fill the two cores CI has.
 test: setup
-	$(BIN)/python -m pytest -q -m "not slow" --durations=25
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=25
 
 test-all: setup
 	$(BIN)/python -m pytest -q --durations=25

@@ -17,6 +17,10 @@ os.environ["PREFECT_UI_ENABLED"] = "false"
 # A loaded CI machine can take longer than the default 20 s to start the in-process Prefect server.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+# `make test` runs two workers on CI's two cores (pytest-xdist), each with torch's two threads: OpenMP threads that
+# spin while they wait would take the other worker's core (the suite took 25 min of CPU for 14.6 of wall time, its
+# torch-heavy tests 1.5-2x their time alone). Waiting threads sleep instead; set before torch loads its OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Deployment servers (`rlhf serve`, `prefect worker start`) started by tests look for runs every second, not every 10
 # (Prefect's default, which users keep): a test's deployment run starts without waiting out a poll.
 os.environ["PREFECT_RUNNER_POLL_FREQUENCY"] = "1"
@@ -71,3 +75,15 @@ def prefect_server():
     with prefect_test_harness(server_startup_timeout=120), \
             temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+# The test files that take minutes, first: under `-n 2 --dist loadfile` each file runs whole on one worker, and one
+# started last would run alone at the end while the other worker sits idle.
+LONGEST_FILES = ("tests/flows/test_learning.py", "tests/stages/test_resume.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        return next((i for i, f in enumerate(LONGEST_FILES) if item.nodeid.startswith(f)), len(LONGEST_FILES))
+    items.sort(key=rank)  # stable: every other test keeps its place, each file its order
+
