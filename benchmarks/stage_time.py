@@ -141,7 +141,7 @@ def list_size(cfg: PipelineConfig) -> int:
 
 
 def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> dict[str, dict[str, float]]:
-    """{stage: {kind: FLOPs}} of the four stages under `cfg` (see the module docstring for the kinds)."""
+    """{stage: {kind: FLOPs}} of the five stages under `cfg` (see the module docstring for the kinds)."""
     s, r, p, e = cfg.sft, cfg.reward, cfg.ppo, cfg.eval
     sft_rows = min(n_batches(ln.sft_rows, s.batch_size, s.epochs, s.max_steps) * s.batch_size, s.epochs * ln.sft_rows)
     t = round(ln.sft_tokens)
@@ -177,6 +177,13 @@ def stage_flops(cfg: PipelineConfig, shape: Shape, rm: Shape, ln: Lengths) -> di
     out["eval"] = {"sample": float(2 * generate_flops(shape, rows, prompt, e.max_new_tokens)),
                    "forward": float(forward_flops(shape, rows, prompt + e.max_new_tokens, e.max_new_tokens)
                                     + 2 * rows * body_flops(rm, prompt + e.max_new_tokens))}
+    # DPO: every pair of each ranked list, a chosen and a rejected row each; the reference's log-probs once before
+    # training, the held-out pairs before and after.
+    d = cfg.dpo
+    pairs = ln.lists * k * (k - 1) // 2
+    trained = min(n_batches(pairs, d.batch_size, d.epochs, d.max_steps) * d.batch_size, d.epochs * pairs)
+    row = forward_flops(shape, 1, tp + tr, tp + tr)
+    out["dpo"] = {"train": 3.0 * 2 * trained * row, "forward": float(2 * (pairs + 2 * ln.heldout_pairs) * row)}
     return out
 
 

@@ -61,7 +61,7 @@ LOGIT_COPIES_TRAIN, LOGIT_COPIES_INFER = 4, 3
 # out (blocks that large are mmapped and returned when freed).
 CPU_HEAP_SLACK = 0.75
 TRAINING_PHASES = ("training step", "update: policy", "update: value model", "update: ptx")
-STAGES = ("sft", "reward", "ppo", "eval")
+STAGES = ("sft", "reward", "ppo", "eval", "dpo")
 Kind = Literal["weights", "grads", "adam", "activations", "runtime"]
 KINDS: tuple[Kind, ...] = ("weights", "grads", "adam", "activations", "runtime")
 Phases = dict[str, list["Component"]]
@@ -233,6 +233,30 @@ def _supervised(cfg: PipelineConfig, ms: Models, stage: str) -> tuple[list[Compo
     return static, {"training step": step, "held-out accuracy": held_out}
 
 
+def _dpo(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
+    """DPO (`rlhf_lib.dpo`): the policy trained on pairs, each step a chosen and a rejected row per pair, (B, T, V)
+    logits; the reference's log-probs come from one pass of the SFT model before training (no reference copy kept),
+    as do the held-out pairs' before and after, `dpo.eval_batch_size` pairs at a time."""
+    r, d, a = cfg.resources, cfg.dpo, ms.policy
+    tb = DTYPE_BYTES[ms.dtype]
+    act = 2 if r.mixed_precision != "no" else tb
+    half = _if(ms.dtype == "float32", "model.dtype=bfloat16")
+    static = [Component("weights", "policy", a.params * tb, half), *_trained("policy", a.params, tb, half)]
+    if r.num_processes > 1:
+        static.append(Component("grads", "DDP gradient buckets", a.params * tb, ("resources.num_processes=1",)))
+    t = _cap(d.max_length, a)
+    rows = 2 * math.ceil(d.batch_size / r.num_processes)  # chosen and rejected of each pair
+    keys = ("dpo.batch_size", "dpo.max_length", "resources.num_processes")
+    step = [_act("policy activations", trained_activations(a, rows * t, act, tb, r.gradient_checkpointing), *keys,
+                 *_if(not r.gradient_checkpointing, "resources.gradient_checkpointing")),
+            _act("logits", logits_bytes(rows, t, a.vocab, LOGIT_COPIES_TRAIN), *keys[:2]),
+            _act("autocast copy", 2 * a.params * (r.mixed_precision != "no" and tb == 4), "resources.mixed_precision=no")]
+    scored = 2 * d.eval_batch_size
+    log_probs = [_act("forward", forward_activations(a, scored * t, act), "dpo.eval_batch_size"),
+                 _act("logits", logits_bytes(scored, t, a.vocab, LOGIT_COPIES_INFER), "dpo.eval_batch_size")]
+    return static, {"training step": step, "reference log-probs": log_probs}
+
+
 def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
     """The PPO policy and the SFT model sampled on held-out prompts, the KL between them (logits of
     `ppo.logprob_chunk` response positions at a time), RM scores; no gradients."""
@@ -265,20 +289,22 @@ def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
 
 def planned_stages(cfg: PipelineConfig) -> tuple[str, ...]:
     """The stages of STAGES that train or load models under `cfg`: no reward stage without a reward source of kind
-    model (the pipeline skips it), no SFT stage with sft.max_steps 0 (it registers the pretrained weights)."""
-    skipped = {"reward"} if cfg.ppo.reward_model is None else set()
+    model (the pipeline skips it), no SFT stage with sft.max_steps 0 (it registers the pretrained weights), DPO only
+    with `dpo.enabled`."""
+    skipped = ({"reward"} if cfg.ppo.reward_model is None else set()) | (set() if cfg.dpo.enabled else {"dpo"})
     return tuple(s for s in STAGES if s not in skipped | ({"sft"} if cfg.sft.max_steps == 0 else set()))
 
 
 def estimate(cfg: PipelineConfig, stage: str, models: Models | None = None) -> Estimate:
-    """The memory `stage` (sft, reward, ppo or eval) needs on one device under `cfg`."""
+    """The memory `stage` (sft, reward, ppo, eval or dpo) needs on one device under `cfg`."""
     if stage not in STAGES:
         raise ValueError(f"no memory estimate for stage {stage!r}; expected one of {STAGES}")
     ms = models or resolve_models(cfg)
     if stage == "ppo":
         static, phases = _ppo_static(cfg, ms), _ppo_phases(cfg, ms)
     else:
-        static, phases = _eval(cfg, ms) if stage == "eval" else _supervised(cfg, ms, stage)
+        static, phases = (_eval(cfg, ms) if stage == "eval" else _dpo(cfg, ms) if stage == "dpo"
+                          else _supervised(cfg, ms, stage))
     if on_cpu(cfg.resources):
         for name in TRAINING_PHASES:
             kept = sum(c.bytes for c in phases.get(name, []) if "logits" not in c.name and "autocast" not in c.name)

@@ -25,7 +25,7 @@ from stages.cache import StageResult
 from stages.context import RunContext, on_node
 from stages.data import dataset_name, file_digest
 from stages.follower import launch_id_of
-from stages.inputs import MemoryCheck, StageInputs, frozen, run_stage
+from stages.inputs import StageInputs, frozen, memory_check, run_stage
 from stages.supervised import Loop, numerics_section, train_supervised
 from stages.tracking import StageRun
 
@@ -43,8 +43,7 @@ class DPOInputs(StageInputs):
 
 
 def resolve_dpo(config: PipelineConfig, data: StageResult, sft: StageResult) -> DPOInputs:
-    """The DPO stage's one resolution step: the data artifact, the key's parts. No memory plan yet: `rlhf_lib.memory`
-    has no DPO estimate, so the stage is never refused ahead (`MemoryCheck()`)."""
+    """The DPO stage's one resolution step: the data artifact, the key's parts, the memory plan."""
     data_dir = download(data.artifact_uri, data.digest)
     fingerprint = file_digest(data_dir, "preferences") + file_digest(data_dir, "eval_pairs")
     # The SFT model's digest stands for the model; its dtype and remote code are how it is loaded here.
@@ -52,11 +51,12 @@ def resolve_dpo(config: PipelineConfig, data: StageResult, sft: StageResult) -> 
                                                   "trust_remote_code": config.model.trust_remote_code},
                **numerics_section(config.resources)}
     return DPOInputs(frozen(section), frozen({"sft": sft}), fingerprint, frozen({"sft": sft}),
-                     MemoryCheck(), data_dir=data_dir, data=data)
+                     memory_check(config, "dpo"), data_dir=data_dir, data=data)
 
 
 def _build(cfg: PipelineConfig):
     def build(run: StageRun, out_dir: Path, inputs: DPOInputs, dirs: Mapping[str, Path]) -> None:
+        inputs.memory.enforce()  # refuse a stage that cannot fit the device before anything loads
         data_dir, data, sft_dir = inputs.data_dir, inputs.data, dirs["sft"]  # fetched after the look-up
         model, tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
         examples = read_ranked(data_dir / FILE_NAMES["preferences"]).rows

@@ -284,3 +284,23 @@ def test_without_a_reward_model_nothing_of_one_is_planned():
         assert not [name for name in est.phases if "reward" in name]
     assert planned_stages(cfg) == ("sft", "ppo", "eval") and planned_stages(config()) == ("sft", "reward", "ppo", "eval")
     assert planned_stages(config(ppo={"rewards": rewards}, sft={"max_steps": 0})) == ("ppo", "eval")
+
+
+def test_dpo_by_hand_is_sft_on_twice_the_rows_and_planned_only_when_enabled():
+    """A DPO step trains the policy on a chosen and a rejected row per pair: at batch B its activations and logits are
+    SFT's at batch 2B of the same length; weights, gradients and Adam are the policy's once (the reference's log-probs
+    come from one pass before training, no copy kept)."""
+    from rlhf_lib.memory import planned_stages
+
+    cfg = config(sft={"batch_size": 8, "max_length": 256}, dpo={"batch_size": 4, "max_length": 256,
+                                                              "eval_batch_size": 16})
+    dpo, sft = estimate(cfg, "dpo"), estimate(cfg, "sft")
+    assert dpo.phases["training step"] == sft.phases["training step"]
+    a = resolve_models(cfg).policy  # 16 held-out pairs = 32 rows at a time, no gradients: a forward and its logits
+    assert dpo.phases["reference log-probs"] == forward_activations(a, 32 * 256, 4) + 32 * 256 * 50257 * 3 * 4
+    for kind in ("weights", "grads", "adam"):
+        assert part(dpo, kind, "policy") == part(sft, kind, "policy") == {"weights": 1, "grads": 1, "adam": 2}[kind] \
+            * GPT2 * 4
+    assert [c.name for c in dpo.components if c.kind == "weights"] == ["policy"]  # no reference copy
+    assert "dpo" not in planned_stages(cfg)
+    assert planned_stages(config(dpo={"enabled": True}))[-1] == "dpo"
