@@ -50,9 +50,10 @@ def heldout_report(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, model, to
     report["adversarial"], metrics = adversarial(cfg, data_dir, model, tokenizer, rendering, ngram, device)
     metrics["reward/heldout_accuracy"] = report["accuracy"]
     metrics["reward/heldout_accuracy_ci95_low"], metrics["reward/heldout_accuracy_ci95_high"] = report["ci95"]
-    if r.baselines:
-        report["baselines"], report["edge"] = baselines(cfg, data_dir, sft_dir, base, train, ngram, pairs,
-                                                        np.asarray(chosen) > np.asarray(rejected), device)
+    if r.baselines:  # on the first reward.baseline_heldout_pairs pairs, the RM's verdicts on the same ones
+        n = r.baseline_heldout_pairs or len(pairs)
+        report["baselines"], report["edge"] = baselines(cfg, data_dir, sft_dir, base, train, ngram, pairs[:n],
+                                                        (np.asarray(chosen) > np.asarray(rejected))[:n], device)
         metrics.update(baseline_metrics(report["baselines"]))
     return metrics, report, render_rm_report(cfg.name, report, chosen, rejected, task.rm_report_sections(report))
 
@@ -89,7 +90,7 @@ def baselines(cfg: PipelineConfig, data_dir: Path, sft_dir: Path, base_dir: str 
     verdicts = [prefer_shorter(pairs), ngram(pairs)]
     policy, policy_tokenizer = load_causal_lm(sft_dir, cfg.model.trust_remote_code, weights_dtype(cfg.model.dtype))
     policy = policy.to(device).eval()
-    raw = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows  # the same pairs, in the policy's text
+    raw = read_pairs(data_dir / FILE_NAMES["eval_pairs"]).rows[:len(pairs)]  # the same pairs, in the policy's text
     with precision():
         verdicts.append(zero_shot_loglik(policy, policy_tokenizer, raw, fit_length(r.max_length, policy),
                                          batch_size=8))

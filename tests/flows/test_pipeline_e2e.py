@@ -433,3 +433,19 @@ def test_a_judge_reward_beside_the_rm(first):
 
     with pytest.raises(ConfigError, match="lacks the placeholder"):  # refused when the config is read
         load_config("micro", None, [rewards.replace(" {response}", "")])
+
+
+def test_the_rm_report_reads_its_baselines_on_fewer_pairs_when_capped(first):
+    """reward.baseline_heldout_pairs: the baselines, and the RM's lead over each, read the first N held-out pairs
+    (their forward passes are the cost); the RM's own accuracy still reads every pair. Last in this module: it
+    registers another RM version."""
+    from flows.pipeline import rlhf
+
+    out = rlhf(config=load_config("micro", None, ["reward.baseline_heldout_pairs=4"]), pipeline="reward")
+    run_id = out["stages"]["reward"]["mlflow_run_id"]
+    client = MlflowClient()
+    report = json.loads(Path(client.download_artifacts(run_id, "rm_report/report.json")).read_text())
+    assert report["pairs"] > 4 and [b["pairs"] for b in report["baselines"]] == [4] * 4
+    metrics = client.get_run(run_id).data.metrics
+    uncapped = client.get_run(first["stages"]["reward"]["mlflow_run_id"]).data.metrics
+    assert metrics["reward/heldout_accuracy"] == uncapped["reward/heldout_accuracy"]  # the same model, every pair
