@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhf_lib.config import DPOConfig
-from rlhf_lib.data.collate import encode_prompt_response, sft_rows
+from rlhf_lib.data.collate import encode_prompt_response, sft_rows, token_budget_split
 from rlhf_lib.data.records import PairExample, RankedExample
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.events import Sink
@@ -146,6 +146,25 @@ def rows_logps(model: PreTrainedModel, rows: Sequence[Row], pad_id: int, device:
     return sequence_logps(logits, b["labels"])
 
 
+def budget_logps(model: PreTrainedModel, rows: Sequence[Row], pad_id: int, budget: int | None,
+                 device: torch.device) -> torch.Tensor:
+    """`rows_logps` in the rows' order. With a token `budget` (`dpo.micro_batch_tokens`) the rows are sorted by length
+    and cut into forwards of at most `budget` padded tokens (`token_budget_split`), so a short row does not pay for a
+    long row's padding; every forward stays in the graph for the one backward of the step (a pair's chosen and
+    rejected rows may land in different forwards). Padding is on the right and never attended to, so the values are
+    those of one forward up to float rounding.
+
+    Example: rows of 9, 2 and 8 tokens with budget 16 -> forwards [2, 8] and [9]: 25 padded tokens, not 27.
+    Shape: N rows -> (N,)."""
+    if budget is None:
+        return rows_logps(model, rows, pad_id, device)
+    lengths = [len(ids) for ids, _ in rows]
+    parts = token_budget_split(lengths, lengths, budget)
+    out = torch.cat([rows_logps(model, [rows[i] for i in part], pad_id, device) for part in parts])
+    order = torch.tensor([i for part in parts for i in part], device=out.device)
+    return out[torch.argsort(order)]
+
+
 @torch.no_grad()
 def pair_logps(model: PreTrainedModel, encoded: Sequence[tuple[Row, Row]], pad_id: int, batch_size: int,
                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +225,8 @@ def train_dpo(
         if step >= total:
             break
         mb, real = shard(batch, group.rank, group.world)
-        lp = rows_logps(model, [encoded[i][0] for i in mb] + [encoded[i][1] for i in mb], pad, group.device)
+        lp = budget_logps(model, [encoded[i][0] for i in mb] + [encoded[i][1] for i in mb], pad,
+                          cfg.micro_batch_tokens, group.device)
         idx = torch.tensor(mb)
         policy_chosen, policy_rejected = lp[: len(mb)], lp[len(mb) :]
         losses, chosen_rewards, rejected_rewards = dpo_loss(

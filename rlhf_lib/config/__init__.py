@@ -15,7 +15,8 @@ from pydantic import Field, model_validator
 from rlhf_lib.config.base import ConfigError, Section
 from rlhf_lib.config.data import COLUMN_NAMES, DataConfig, ModelConfig
 from rlhf_lib.config.ppo import PPOConfig
-from rlhf_lib.config.stages import DPOConfig, EvalConfig, ResourcesConfig, RewardConfig, SFTConfig
+from rlhf_lib.config.dpo import DPOConfig
+from rlhf_lib.config.stages import EvalConfig, ResourcesConfig, RewardConfig, SFTConfig
 
 __all__ = ["COLUMN_NAMES", "ConfigError", "DPOConfig", "DataConfig", "EvalConfig", "ModelConfig", "PPOConfig",
            "PipelineConfig", "ResourcesConfig", "RewardConfig", "SFTConfig", "Section", "build_config", "deep_merge",

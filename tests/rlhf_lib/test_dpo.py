@@ -12,6 +12,7 @@ from rlhf_lib.config import DPOConfig
 from rlhf_lib.data.collate import sft_rows
 from rlhf_lib.data.records import RankedExample
 from rlhf_lib.dpo import (
+    budget_logps,
     dpo_loss,
     encode_pairs,
     heldout_metrics,
@@ -155,6 +156,43 @@ def test_a_row_scores_the_same_alone_and_padded_beside_a_longer_one(tiny_tokeniz
     assert float(chosen[0]) == pytest.approx(float(alone[0]), abs=1e-5) and chosen.shape == rejected.shape == (2,)
 
 
+def test_a_token_budget_splits_the_forwards_and_keeps_each_rows_value_and_place(tiny_tokenizer, tiny_policy):
+    """dpo.micro_batch_tokens: rows of 3 lengths under a budget that fits two short rows but not a long one beside
+    them; the values come back in the rows' order, equal to one padded forward, and the gradient flows through all."""
+    from rlhf_lib.data.records import PairExample
+
+    pairs = [PairExample("\n\nHuman: topic 1 topic 1 topic 1 topic 1\n\nAssistant:", " Sure, topic 1 is nice.", " No."),
+             PairExample("\n\nHuman: hi\n\nAssistant:", " Sure.", " Hm, no.")]
+    enc = encode_pairs(tiny_tokenizer, pairs, 64)
+    rows = [c for c, _ in enc] + [r for _, r in enc]
+    lengths = [len(ids) for ids, _ in rows]
+    assert len(set(lengths)) >= 3 and lengths.index(max(lengths)) == 0
+    pad, cpu = tiny_tokenizer.pad_token_id, torch.device("cpu")
+    tiny_policy.eval()
+    whole = rows_logps(tiny_policy, rows, pad, cpu)
+    calls = []
+    hook = tiny_policy.register_forward_hook(lambda m, args, kw, out: calls.append(kw["input_ids"].shape),
+                                             with_kwargs=True)
+    try:
+        split = budget_logps(tiny_policy, rows, pad, 2 * sorted(lengths)[-2], cpu)
+    finally:
+        hook.remove()
+    assert len(calls) >= 2 and sum(c[0] for c in calls) == len(rows)  # several forwards, each row once
+    assert sum(c[0] * c[1] for c in calls) < len(rows) * max(lengths)  # less padding than one forward
+    assert torch.allclose(split, whole, atol=1e-5)
+    split.sum().backward()
+    assert all(p.grad is not None for p in tiny_policy.parameters() if p.requires_grad)
+    assert torch.equal(budget_logps(tiny_policy, rows, pad, None, cpu).detach(), whole.detach())
+
+
+def test_a_token_budget_trains_as_one_forward_and_keeps_old_keys():
+    plain = DPOConfig()
+    assert "micro_batch_tokens" not in plain.key() and "enabled" not in plain.key()
+    assert DPOConfig(micro_batch_tokens=512).key()["micro_batch_tokens"] == 512
+    with pytest.raises(ValueError):
+        DPOConfig(micro_batch_tokens=0)
+
+
 def test_every_pair_of_a_ranking_best_first():
     pairs = preference_pairs([RankedExample("p", ("a", "b", "c")), RankedExample("q", ("x", "y"))])
     assert [(p.prompt, p.chosen, p.rejected) for p in pairs] == [("p", "a", "b"), ("p", "a", "c"), ("p", "b", "c"),
@@ -178,7 +216,8 @@ EXAMPLES = [RankedExample(f"\n\nHuman: topic {i}\n\nAssistant:", (f" Sure, topic
             for i in range(4)]
 
 
-@pytest.mark.parametrize("options", [{}, {"loss_type": "ipo"}, {"lora": True, "lora_r": 2}])
+@pytest.mark.parametrize("options", [{}, {"loss_type": "ipo"}, {"lora": True, "lora_r": 2},
+                                     {"micro_batch_tokens": 48}])
 def test_training_starts_at_the_reference_and_moves_the_margin(tiny_tokenizer, tiny_policy, options):
     cfg = DPOConfig(batch_size=4, epochs=3, lr=5e-3, max_length=32, **options)
     rec = Recorder()
@@ -212,3 +251,21 @@ def test_the_launched_entry_reads_its_job_as_the_launcher_writes_it(tiny_tokeniz
     assert len(rec.of(Metrics)) == 2
     assert json.loads((tmp_path / "final.json").read_text())["dpo/pairs"] == 12
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_a_token_budget_follows_the_same_training_trajectory(tiny_tokenizer, tiny_policy):
+    """The budget changes how the rows are grouped into forwards, not what the step computes: the same losses and
+    margins step for step, up to float rounding."""
+    import copy
+
+    runs = []
+    for budget in (None, 40):
+        rec = Recorder()
+        train_dpo(copy.deepcopy(tiny_policy), tiny_tokenizer, EXAMPLES,
+                  DPOConfig(batch_size=4, epochs=2, lr=5e-3, max_length=32, micro_batch_tokens=budget),
+                  metrics_log(rec))
+        runs.append([(e.values["loss"], e.values["rewards/margins"]) for e in rec.of(Metrics)])
+    assert len(runs[0]) == len(runs[1]) == 6
+    for (loss_a, margin_a), (loss_b, margin_b) in zip(*runs):
+        assert loss_b == pytest.approx(loss_a, abs=1e-4) and margin_b == pytest.approx(margin_a, abs=1e-4)
+    assert runs[0][-1][1] > 0.0
