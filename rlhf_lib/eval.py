@@ -12,6 +12,7 @@ import torch
 
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.eval_best_of import best_of_n
+from rlhf_lib.eval_pairs import arms_head_to_head
 from rlhf_lib.eval_groups import by_group
 from rlhf_lib.eval_sampling import Generations, Judge, SftMemo, Terms, generate_and_score, remembered
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
@@ -151,13 +152,16 @@ def evaluate(
         for i, row in enumerate(samples):
             row.update({f"{name}_response": arm.texts[i], f"{name}_rm_score": round(float(arm.scores[i]), 4),
                         f"{name}_gold": None if arm.gold is None else round(arm.gold[i], 4)})
+    pairs = arms_head_to_head(arms)
+    metrics.update({k: sum(v) / len(v) for k, v in pairs.items()})
+    bounds.update({k: mean_interval(v, groups=prompts) for k, v in pairs.items()})
     if groups is not None:
         more, more_bounds = by_group(cfg.group_by or "group", groups, prompts, pol, base, arms)
         metrics.update(more)
         bounds.update(more_bounds)
     if cfg.best_of:
         more, more_bounds, kept = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk,
-                                            pol, runner, memo, missing_eos_penalty)
+                                            pol, runner, memo, missing_eos_penalty, arms)
         metrics.update(more)
         bounds.update(more_bounds)
         for i, row in enumerate(samples[:int(more["best_of_prompts"])]):  # the kept reply of each n beside PPO's

@@ -5,15 +5,16 @@ shaped score), judged like the policy's replies."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from rlhf_lib.config import EvalConfig
+from rlhf_lib.eval_pairs import Picked, head_to_head
 from rlhf_lib.eval_sampling import Generations, Judge, SftMemo, generate_and_score, remembered
-from rlhf_lib.intervals import mean_interval, win_indicators
+from rlhf_lib.intervals import mean_interval
 from rlhf_lib.rewards.combine import RewardSet
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def shaped_pick_scores(scores: torch.Tensor, has_eos: torch.Tensor,
 def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
               cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None, chunk: int | None,
               policy: Generations, runner: EpisodeRunner | None = None, memo: SftMemo | None = None,
-              missing_eos_penalty: float | None = None,
+              missing_eos_penalty: float | None = None, arms: Mapping[str, Generations] | None = None,
               ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]], dict[int, list[dict]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
@@ -43,7 +44,9 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
     reward and gold means, PPO's lead over them in gold and its win rates (gold, reward), each with a bootstrap
     interval over prompts (a repeated prompt's rows together); and the best-of-n policy's KL to SFT,
     log n - (n - 1) / n (Stiennon et al. 2020). Third: per n, the kept reply of each prompt ({response, rm_score,
-    gold}), for the report's samples. `memo` as in `evaluate`: each draw is remembered by its seed."""
+    gold}), for the report's samples. `memo` as in `evaluate`: each draw is remembered by its seed. `arms`: the other
+    sampled policies (control arms, DPO), each compared with every best-of-n on the same prompts as PPO is
+    (`<arm>_gold_lead_over_best_of_<n>`, `<arm>_win_rate_vs_best_of_<n>`, ...: `eval.head_to_head`)."""
     m = len(prompts) if cfg.best_of_prompts is None else min(cfg.best_of_prompts, len(prompts))
     sub = list(prompts[:m])
 
@@ -67,13 +70,12 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
                      "gold": None if gold is None else round(float(gold[i, int(k)]), 4)} for i, k in enumerate(pick)]
         rows[f"best_of_{n}_reward_mean"] = kept.tolist()
         rows[f"best_of_{n}_response_length_mean"] = lengths[rows_idx, pick].tolist()
-        rows[f"rm_win_rate_vs_best_of_{n}"] = win_indicators(policy.scores[:m], kept).tolist()
-        rows[f"reward_lead_over_best_of_{n}"] = (policy.scores[:m] - kept).tolist()  # paired: the same prompts
-        if gold is not None and policy.gold is not None:
-            kept_gold, pol_gold = gold[rows_idx, pick], torch.tensor(policy.gold[:m], dtype=torch.float32)
+        kept_gold = gold[rows_idx, pick] if gold is not None else None
+        if kept_gold is not None:
             rows[f"best_of_{n}_gold_mean"] = kept_gold.tolist()
-            rows[f"gold_lead_over_best_of_{n}"] = (pol_gold - kept_gold).tolist()
-            rows[f"win_rate_vs_best_of_{n}"] = win_indicators(pol_gold, kept_gold).tolist()
+        best = Picked(kept, None if kept_gold is None else kept_gold.tolist())
+        for prefix, contender in {"": policy, **{f"{a}_": g for a, g in (arms or {}).items()}}.items():
+            rows |= head_to_head(contender, best, prefix, f"best_of_{n}", m)  # paired: the same prompts
         out[f"best_of_{n}_kl"] = math.log(n) - (n - 1) / n
     out |= {k: sum(v) / len(v) for k, v in rows.items()}
     return out, {k: mean_interval(v, groups=sub) for k, v in rows.items()}, picks

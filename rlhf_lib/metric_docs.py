@@ -212,6 +212,14 @@ EVAL = (
        "intervals: what the reward taught beyond the shaping (over dpo: what the RM and sampling bought over DPO on "
        "the same pairs)", "an interval across or below 0: the reward did not teach what the figures against SFT "
        "suggest"),
+    _m("eval/<arm>_gold_lead_over_<other> eval/<arm>_win_rate_vs_<other> eval/<arm>_reward_lead_over_<other> "
+       "eval/<arm>_rm_win_rate_vs_<other>",
+       "a policy besides PPO (dpo, then each control arm) against each later one and against each best-of-n "
+       "(<other> = best_of_<n>, on the first eval.best_of_prompts prompts), paired on the same prompts: its lead in "
+       "gold and in the reward sources' sum, and its win rates by the judge and by the reward sources, with "
+       "intervals (e.g. dpo_win_rate_vs_zero_reward: what DPO learned beyond PPO's shaping; the other direction is "
+       "1 - it). The report's win-rate matrix reads them", "DPO at or below the zero-reward control: the pairs "
+       "taught DPO nothing the shaping does not"),
     _m("eval/gold_reward_mean_<group> eval/gold_reward_mean_sft_<group> eval/win_rate_vs_sft_<group>",
        "demo task: gold of policy and SFT and the gold win rate on prompts about topics training never saw "
        "(group new_topics) and about training topics asked in new ways (seen_topics)", "a gain on seen_topics "

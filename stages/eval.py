@@ -36,7 +36,7 @@ from stages.data import conversations, dataset_name, file_digest, optional_diges
 from stages.eval_inputs import DPO_ARM, EvalInputs, control_stage, resolve_eval
 from stages.eval_judge import load_eval_judge
 from stages.eval_memo import SftMemo, memo_key
-from stages.eval_upstream import measured_accuracy, ppo_alarms, ppo_history, ppo_tags
+from stages.eval_upstream import measured_accuracy, ppo_alarms, ppo_history, ppo_tags, training_seconds
 from stages.inputs import run_stage
 from stages.report import render_html
 from stages.tracking import RetryingClient, StageRun, model_version
@@ -64,9 +64,10 @@ def _build(cfg: PipelineConfig, memo: MemoFor | None = None):
         device = ProcessGroup(device=cfg.resources.device).device
         policy, tokenizer = load_causal_lm(dirs["ppo"], trust, dtype)
         sft, _ = load_causal_lm(dirs["sft"], trust, dtype)
-        arms = {name: load_causal_lm(dirs[control_stage(name)], trust, dtype)[0] for name in cfg.eval.controls}
-        if DPO_ARM in dirs:  # the DPO policy: one more arm, sampled and compared with PPO as a control is
-            arms[DPO_ARM] = load_causal_lm(dirs[DPO_ARM], trust, dtype)[0]
+        # The DPO policy first: one more arm, sampled and compared with PPO as a control is, and then with each
+        # control (`dpo_win_rate_vs_zero_reward`: what DPO learned beyond PPO's shaping)
+        arms = {DPO_ARM: load_causal_lm(dirs[DPO_ARM], trust, dtype)[0]} if DPO_ARM in dirs else {}
+        arms |= {name: load_causal_lm(dirs[control_stage(name)], trust, dtype)[0] for name in cfg.eval.controls}
         reward = load_scalar(dirs["reward"], cfg.reward.trust_remote_code, dtype) if "reward" in dirs else None
         for model in filter(None, (policy, sft, reward, *arms.values())):
             model.to(device)
@@ -158,6 +159,7 @@ def _build(cfg: PipelineConfig, memo: MemoFor | None = None):
             | ({"SFT samples": sft_memo.describe()} if sft_memo is not None else {}),
             "metrics": metrics,
             "intervals": {k: [lo, hi] for k, (lo, hi) in bounds.items()},
+            "training_seconds": training_seconds(upstream),  # report only: wall time is not a reproducible figure
             "judge_terms": list(task.gold.terms) if terms is not None else [],
         }
         (out_dir / "samples.json").write_text(json.dumps(result.samples, indent=1, ensure_ascii=False))

@@ -34,3 +34,18 @@ def measured_accuracy(reward: StageResult) -> float | None:
     if reward.source is not None or not reward.mlflow_run_id:
         return None
     return RetryingClient().get_run(reward.mlflow_run_id).data.metrics.get("reward/heldout_accuracy")
+
+
+def training_seconds(upstream: dict[str, StageResult]) -> dict[str, float]:
+    """Wall seconds of each upstream stage's own MLflow run (its end less its start: the run that trained the model,
+    also when this pipeline found it cached), by the name of the arm it trained: `sft`, `reward`, `ppo`, `dpo` and
+    each control (`zero_reward`, from upstream `ppo-zero_reward`). A run without an end (still open, or a model the
+    user named by URI) is left out."""
+    client, out = RetryingClient(), {}
+    for name, result in upstream.items():
+        if result.source is not None or not result.mlflow_run_id:
+            continue
+        info = client.get_run(result.mlflow_run_id).info
+        if info.start_time and info.end_time:
+            out[name.removeprefix("ppo-")] = (info.end_time - info.start_time) / 1000.0
+    return out

@@ -11,6 +11,7 @@ from stages.plotting import png as _png
 from stages.plotting import pyplot as _plt
 from stages.report_best_of import baselines_table, overoptimisation_heldout_png
 from stages.report_controls import controls_heading, controls_table, verdicts
+from stages.report_policies import judged, policies_table, win_matrix
 
 CURVES = [
     ("objective/score_raw", "score (raw: RM, or the sum of ppo.rewards)"), ("objective/kl", "KL to reference (nats/response)"),
@@ -196,6 +197,12 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
     controls_html = "" if not controls else (
         f"<h2>{controls_heading(metrics)}</h2><ul>" + "".join(f"<li>{html.escape(v)}</li>" for v in verdicts(metrics, summary.get("intervals")))
         + f"</ul>{_table(controls)}")
+    policies = policies_table(metrics, summary.get("intervals"), summary.get("training_seconds"))
+    matrix = win_matrix(metrics, summary.get("intervals"))
+    judge = "the judge" if judged(metrics) else "the reward sources (no judge)"
+    policies_html = "" if not (policies and matrix) else (
+        f"<h2>Every policy on the same prompts, under {judge}</h2>{_table(policies)}"
+        f"<h2>Paired win rates under {judge}: the row's over the column's</h2>{_table(matrix)}")
     hist = _img(lengths_png(lengths or {}), "response lengths")
     alarm_html = ("<ul>" + "".join(f"<li>{html.escape(a)}</li>" for a in alarms) + "</ul>") if alarms else \
         "<p>none raised</p>"
@@ -206,8 +213,8 @@ def render_html(summary: dict[str, Any], history: dict[str, list[tuple[int, floa
         f"<!doctype html><html><head><meta charset='utf-8'><title>RLHF eval report</title><style>{style}</style>"
         f"</head><body><h1>RLHF eval report: {html.escape(str(summary.get('name', '')))}</h1>"
         f"<h2>Lineage</h2>{_table(lineage)}"
-        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}{controls_html}"
-        f"{best_of_html}"
+        f"<h2>Held-out metrics: PPO policy vs SFT (95 % intervals)</h2>{_table(table)}{terms_html}{policies_html}"
+        f"{controls_html}{best_of_html}"
         f"<h2>PPO training curves</h2>{curves}"
         f"<h2>Proxy vs gold reward against KL</h2>{overopt}"
         f"<h2>Response lengths on held-out prompts</h2>{hist}"

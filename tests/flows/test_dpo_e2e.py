@@ -113,8 +113,15 @@ def test_the_full_pipeline_runs_the_branch_when_enabled_from_the_same_cache(firs
     assert logged["eval/reward_lead_over_dpo"] == pytest.approx(out["eval"]["reward_lead_over_dpo"])
     assert logged["eval/reward_lead_over_dpo"] == pytest.approx(logged["eval/reward_mean"] -
                                                                 logged["eval/dpo_reward_mean"], abs=1e-5)
+    # DPO meets best-of-4 on the same prompts as PPO does; every policy in one table, with its stage's minutes
+    assert out["eval"]["dpo_win_rate_vs_best_of_4"] is not None and len(out["eval"]["dpo_win_rate_vs_best_of_4_ci95"]) == 2
+    report = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=eval_run, artifact_path="report/report.json"
+                                                                 )).read_text())
+    assert {"sft", "reward", "ppo", "dpo"} <= set(report["training_seconds"])
+    assert all(v > 0 for v in report["training_seconds"].values())
     html = Path(mlflow.artifacts.download_artifacts(run_id=eval_run, artifact_path="report/report.html")).read_text()
     assert "the DPO policy (the same pairs, no reward model, no sampling)" in html and "<td>DPO policy</td>" in html
+    assert "Every policy on the same prompts, under the judge" in html and "Paired win rates under the judge" in html
     samples = json.loads(Path(mlflow.artifacts.download_artifacts(run_id=eval_run,
                                                                   artifact_path="report/samples.json")).read_text())
     assert all(isinstance(row["dpo_response"], str) for row in samples)

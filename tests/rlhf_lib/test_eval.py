@@ -84,6 +84,15 @@ def test_best_of_n_keeps_the_top_scored_of_the_first_n_draws(tiny_tokenizer, tin
         assert [p["gold"] for p in picks[n]] == pytest.approx(gold, abs=1e-4)
         lo, hi = bounds[f"gold_lead_over_best_of_{n}"]
         assert lo <= got[f"gold_lead_over_best_of_{n}"] <= hi
+    # another sampled policy (the DPO arm) meets each best-of-n on the same 4 prompts, as PPO does
+    arm = gens([0.0] * 5, gold=[1.0, 0.0, 0.0, 0.0, 9.0])
+    with_arm, _, _ = best_of_n(tiny_policy, rewards, tok, prompts, cfg, 32, judge, None, policy, arms={"dpo": arm})
+    for n in (2, 3):
+        kept = [max(range(n), key=lambda k: (float(draws[k].scores[i]), -k)) for i in range(4)]
+        gold = [draws[k].gold[i] for i, k in enumerate(kept)]
+        assert with_arm[f"dpo_gold_lead_over_best_of_{n}"] == pytest.approx(
+            sum(arm.gold[i] - gold[i] for i in range(4)) / 4)  # the fifth prompt (gold 9) has no best-of-n
+        assert with_arm[f"gold_lead_over_best_of_{n}"] == got[f"gold_lead_over_best_of_{n}"]
 
 
 def test_the_kl_to_itself_is_zero_and_a_copy_agrees_to_rounding(tiny_tokenizer, tiny_policy):
@@ -196,3 +205,30 @@ def test_best_of_n_ranks_by_the_score_ppo_is_shaped_with():
     assert shaped_pick_scores(scores, has_eos, 1.0).argmax(1).tolist() == [0, 0]  # the first of equals
     assert shaped_pick_scores(scores, has_eos, None).argmax(1).tolist() == [1, 0]
     assert shaped_pick_scores(scores, has_eos, 0.0) is scores
+
+
+def test_two_policies_head_to_head_by_hand():
+    """`head_to_head`: a [2, 0, 1] against b [1, 1, 1], gold a [1, 0, 2], b [0, 1, 2]. Reward lead (1 - 1 + 0) / 3 = 0;
+    reward win rate (1 + 0 + 0.5) / 3 = 0.5; gold lead (1 - 1 + 0) / 3 = 0; the judge's win rate (1 + 0 + 0.5) / 3;
+    on the first 2 prompts only: gold win rate (1 + 0) / 2. Without gold on one side: the reward rows only."""
+    from rlhf_lib.eval_pairs import head_to_head
+
+    a, b = gens([2.0, 0.0, 1.0], gold=[1.0, 0.0, 2.0]), gens([1.0, 1.0, 1.0], gold=[0.0, 1.0, 2.0])
+    rows = head_to_head(a, b, "dpo_", "zero_reward")
+    mean = {k: sum(v) / len(v) for k, v in rows.items()}
+    assert mean == pytest.approx({"dpo_reward_lead_over_zero_reward": 0.0, "dpo_rm_win_rate_vs_zero_reward": 0.5,
+                                  "dpo_gold_lead_over_zero_reward": 0.0, "dpo_win_rate_vs_zero_reward": 0.5})
+    assert head_to_head(a, b, "", "x", upto=2)["win_rate_vs_x"] == [1.0, 0.0]
+    assert sorted(head_to_head(a, gens([1.0, 1.0, 1.0]), "", "x")) == ["reward_lead_over_x", "rm_win_rate_vs_x"]
+
+
+def test_every_arm_meets_every_later_arm_once():
+    from rlhf_lib.eval_pairs import arms_head_to_head
+
+    arms = {"zero_reward": gens([0.0, 1.0], gold=[0.0, 0.0]), "shuffled_reward": gens([1.0, 1.0], gold=[1.0, 0.0]),
+            "dpo": gens([2.0, 0.0], gold=[0.0, 1.0])}
+    rows = arms_head_to_head(arms)
+    wins = {k: sum(v) / len(v) for k, v in rows.items() if "_win_rate_vs_" in k and "rm_win" not in k}
+    assert wins == {"zero_reward_win_rate_vs_shuffled_reward": 0.25, "zero_reward_win_rate_vs_dpo": 0.25,
+                    "shuffled_reward_win_rate_vs_dpo": 0.5}
+    assert arms_head_to_head({"dpo": arms["dpo"]}) == {}

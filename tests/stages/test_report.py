@@ -93,3 +93,40 @@ def test_the_dpo_policy_is_one_more_row_of_the_controls_table_with_its_own_verdi
         "the zero-reward control beats PPO under the reward sources: the shaping alone did better than the reward",
         "the DPO policy beats PPO under the reward sources: DPO on the same pairs did better than the reward model "
         "and PPO"]
+
+
+def test_every_policy_in_one_table_and_the_win_matrix_reads_each_pair_once():
+    """PPO, DPO and a zero-reward control beside SFT and best-of-4 under a judge. The matrix reads a measured
+    direction as it is (DPO over the control: 0.6 [0.5, 0.7]) and the other as its complement (the control over
+    DPO: 0.4 [0.3, 0.5]; DPO over PPO: 1 - PPO's 0.45 over DPO). Training minutes come from the stages' wall
+    seconds; best-of-n trains nothing."""
+    from stages.report_policies import policies_table, win_matrix
+
+    assert policies_table(USER_METRICS) == [] and win_matrix(USER_METRICS) == []
+    metrics = USER_METRICS | {
+        "gold_reward_mean": 0.5, "gold_reward_mean_sft": 0.2, "win_rate_vs_sft": 0.7, "best_of_prompts": 4.0,
+        "best_of_4_kl": 0.636, "best_of_4_reward_mean": 0.4, "best_of_4_gold_mean": 0.45,
+        "best_of_4_response_length_mean": 10.0, "win_rate_vs_best_of_4": 0.55,
+        "dpo_reward_mean": 0.2, "dpo_gold_reward_mean": 0.4, "dpo_kl_to_ref": 0.3, "dpo_response_length_mean": 9.0,
+        "dpo_win_rate_vs_sft": 0.65, "win_rate_vs_dpo": 0.45, "dpo_win_rate_vs_best_of_4": 0.52,
+        "zero_reward_reward_mean": 0.1, "zero_reward_gold_reward_mean": 0.25, "zero_reward_kl_to_ref": 0.2,
+        "zero_reward_response_length_mean": 8.0, "zero_reward_win_rate_vs_sft": 0.5, "win_rate_vs_zero_reward": 0.7,
+        "dpo_win_rate_vs_zero_reward": 0.6, "zero_reward_win_rate_vs_best_of_4": 0.4}
+    bounds = {"dpo_win_rate_vs_zero_reward": (0.5, 0.7), "win_rate_vs_dpo": (0.35, 0.55)}
+    seconds = {"sft": 60.0, "ppo": 600.0, "dpo": 300.0, "zero_reward": 590.0, "reward": 120.0}
+    rows = {r["policy"]: r for r in policies_table(metrics, bounds, seconds)}
+    assert list(rows) == ["SFT", "best-of-4 of SFT", "PPO", "DPO policy", "zero-reward control"]
+    assert [rows[p]["training (min)"] for p in ("SFT", "PPO", "DPO policy", "zero-reward control")] == \
+        ["1.0", "10.0", "5.0", "9.8"]
+    assert rows["best-of-4 of SFT"]["training (min)"] == "none (4 samples a prompt)"
+    assert rows["DPO policy"]["judge win rate vs SFT"] == 0.65 and rows["DPO policy"]["KL to SFT (nats)"] == 0.3
+    matrix = {r["win rate of ↓ over →"]: r for r in win_matrix(metrics, bounds)}
+    assert list(matrix) == ["PPO", "DPO policy", "zero-reward control"]
+    assert matrix["DPO policy"]["zero-reward control"] == "0.6 [0.5, 0.7]"
+    assert matrix["zero-reward control"]["DPO policy"] == "0.4 [0.3, 0.5]"
+    assert matrix["DPO policy"]["PPO"] == "0.55 [0.45, 0.65]" and matrix["PPO"]["DPO policy"] == "0.45 [0.35, 0.55]"
+    assert matrix["PPO"]["best-of-4 of SFT"] == 0.55 and matrix["zero-reward control"]["SFT"] == 0.5
+    assert matrix["PPO"]["PPO"] == "" and matrix["zero-reward control"]["PPO"] == "0.3"
+    html = render_html({"name": "hh", "lineage": {}, "metrics": metrics, "intervals": bounds,
+                        "training_seconds": seconds}, {}, [], None, [])
+    assert "Every policy on the same prompts, under the judge" in html and "Paired win rates" in html
