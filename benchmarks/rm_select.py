@@ -48,7 +48,9 @@ def run_stage(stage: str, preset: str, sets: list[str], eval_file: str, home: Pa
 def figures(metrics: dict) -> dict:
     return {"accuracy": metrics["reward/heldout_accuracy"],
             "ci95": [metrics["reward/heldout_accuracy_ci95_low"], metrics["reward/heldout_accuracy_ci95_high"]],
-            "baselines": {b: metrics.get(f"reward/baseline/{b}_accuracy") for b in BASELINES}}
+            "baselines": {b: metrics.get(f"reward/baseline/{b}_accuracy") for b in BASELINES},
+            "leads": {b: metrics.get(f"reward/baseline/{b}_lead") for b in BASELINES},
+            "steps": metrics.get("reward/steps")}
 
 
 def run_reward(preset: str, sets: list[str], eval_file: str, home: Path, log: Path) -> dict:

@@ -110,6 +110,11 @@ class DataConfig(Section):
                            "(data.preferences, data.sft, data.prompts; held-out sources are read from their start), "
                            "before data.max_rows counts: a declared split of one file, e.g. a judge reward model on "
                            "rows the PPO reward model never saw (skip_rows: 640).")
+    max_train_rows: int | None = Field(None, ge=1, description="Read at most this many valid rows of each training "
+                                       "source (data.preferences, data.sft, data.prompts), after data.skip_rows; "
+                                       "held-out sources keep data.max_rows alone: a learning curve over training "
+                                       "rows scored on the same held-out pairs. The smaller of the two caps counts. "
+                                       "null = data.max_rows.")
     render: Literal["auto", "chat_template", "text"] = Field(
         "auto", description="How user rows become the text the models read. auto: through the policy tokenizer's "
         "chat template when it has one (HH transcripts, conversational rows and plain prompts all become messages "
@@ -125,11 +130,12 @@ class DataConfig(Section):
 
     def key(self) -> dict:
         """The config as the data stage's cache key reads it: without `tool` and `instruction` when they are unset,
-        `operands` when it is "2+2" and `skip_rows` when it is 0, so the key of a task without them is what it was
+        `operands` when it is "2+2", `skip_rows` when it is 0 and `max_train_rows` when unset, so the key of a task without them is what it was
         before the keys existed."""
         drop = ({"tool"} if self.tool is None else set()) | ({"operands"} if self.operands == "2+2" else set())
         drop |= {"instruction"} if self.instruction is None else set()
         drop |= {"skip_rows"} if not self.skip_rows else set()
+        drop |= {"max_train_rows"} if self.max_train_rows is None else set()
         drop |= {"sft_call_shares"} if self.sft_call_shares is None else set()
         return self.model_dump(exclude=drop or None)
 
@@ -147,6 +153,9 @@ class DataConfig(Section):
         if self.skip_rows and not self.eval_preferences:
             raise ValueError("data.skip_rows needs data.eval_preferences: held-out pairs split off the kept rows would "
                              "differ from those of a run that skips none, so the two could not be compared")
+        if self.max_train_rows is not None and not self.eval_preferences:
+            raise ValueError("data.max_train_rows needs data.eval_preferences: held-out pairs split off the training "
+                             "rows would shrink with the cap, and the points of a learning curve could not be compared")
         return self
 
     @model_validator(mode="after")

@@ -147,9 +147,11 @@ def build_user_task(cfg: DataConfig, renderer: Renderer) -> UserTask:
 
     def read(key: str, kind: str, split: str, fmt: str, mapping: Mapping[str, str]) -> list[Any]:
         src = Source(getattr(cfg, key), split, cfg.hub_data_dir, cfg.hub_revision)
-        skip = 0 if key.startswith("eval_") else cfg.skip_rows  # held-out sources always from their start
-        result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars,
-                                    cfg.max_rows, skip)
+        held_out = key.startswith("eval_")
+        skip = 0 if held_out else cfg.skip_rows  # held-out sources always from their start
+        caps = [cfg.max_rows] + ([] if held_out else [cfg.max_train_rows])
+        cap = min((c for c in caps if c is not None), default=None)
+        result, found = read_source(kind, src, fmt, mapping, renderer, cfg.on_bad_row, cfg.max_row_chars, cap, skip)
         sources[key] = SourceReport(src.spec, found, len(result.rows), result.skipped, result.examples)
         return result.rows
 

@@ -75,7 +75,7 @@ def test_tool_demonstrations_are_an_arithmetic_key_and_leave_other_keys_alone():
 
     with pytest.raises(ValidationError, match="data.task=arithmetic only"):
         DataConfig(tool="calculator")
-    unset = {"tool", "operands", "instruction", "skip_rows", "sft_call_shares"}
+    unset = {"tool", "operands", "instruction", "skip_rows", "sft_call_shares", "max_train_rows"}
     assert "tool" not in DataConfig().key() and DataConfig().key() == DataConfig().model_dump(exclude=unset)
     assert DataConfig(task="arithmetic", tool="calculator").key()["tool"] == "calculator"
 

@@ -214,6 +214,25 @@ def test_suspicious_rows_by_hand_rule(rows):
     assert found.get("contradicting", []) == [i for i, r in enumerate(records) if r in flipped and firsts[r] == i]
 
 
+def test_max_train_rows_caps_the_training_rows_and_leaves_the_held_out_pairs_alone(tmp_path):
+    """A learning curve: 3 training rows, then 6, each scored on the same held-out pairs (`data.max_rows` 8 caps
+    both; the smaller cap counts). A bad row is skipped before it counts, as with max_rows."""
+    prefs = jsonl(tmp_path / "prefs.jsonl", [hh(1), hh(2, a="  "), *(hh(i) for i in range(3, 30))])
+    held = jsonl(tmp_path / "held.jsonl", [hh(i) for i in range(100, 120)])
+    base = dict(preferences=str(prefs), eval_preferences=str(held), on_bad_row="skip", max_rows=8)
+    small = build_user_task(DataConfig(**base, max_train_rows=3), Renderer())
+    large = build_user_task(DataConfig(**base, max_train_rows=6), Renderer())
+    capped = build_user_task(DataConfig(**base, max_train_rows=50), Renderer())
+    assert [ex.prompt for ex in small.records["preferences"]] == [hh(i)["chosen"][:-4] for i in (1, 3, 4)]
+    assert len(large.records["preferences"]) == 6 and len(capped.records["preferences"]) == 8
+    assert small.records["eval_pairs"] == large.records["eval_pairs"] == capped.records["eval_pairs"]
+    assert len(small.records["eval_pairs"]) == 8
+    assert "max_train_rows" not in DataConfig(**base).key()
+    assert DataConfig(**base, max_train_rows=3).key()["max_train_rows"] == 3
+    with pytest.raises(ValueError, match="data.max_train_rows needs data.eval_preferences"):
+        DataConfig(preferences=str(prefs), max_train_rows=5)
+
+
 def test_skip_rows_declares_a_split_of_the_training_file_and_reads_held_out_from_the_start(tmp_path):
     """Rows 0-4 for one reward model, rows 5-9 for another (a judge PPO never trained against): `data.skip_rows`
     leaves out the first valid rows of the training sources only, before `max_rows` counts."""
