@@ -65,7 +65,10 @@ def policies_table(metrics: dict[str, Any], intervals: dict[str, Any] | None = N
         return []
 
     def minutes(name: str) -> str:
-        return f"{s[name] / 60:.1f}" if name in s else NA
+        if name not in s:
+            return NA
+        m = s[name] / 60
+        return f"{m:.1f}" if m >= 1 else f"{m:.2g}"
 
     def row(label: str, kl: Any, gold: str, proxy: str, length: str, win: str | None, cost: str) -> dict:
         return {"policy": label, "KL to SFT (nats)": kl if isinstance(kl, float) else _get(metrics, b, kl),
