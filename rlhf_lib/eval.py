@@ -15,6 +15,7 @@ from rlhf_lib.eval_best_of import best_of_n
 from rlhf_lib.eval_pairs import arms_head_to_head
 from rlhf_lib.eval_groups import by_group
 from rlhf_lib.eval_sampling import Generations, Judge, SftMemo, Terms, generate_and_score, remembered
+from rlhf_lib.lm.generation import Decoder
 from rlhf_lib.intervals import mean_interval, proportion_interval, win_indicators
 from rlhf_lib.rewards.combine import RewardSet
 
@@ -128,7 +129,7 @@ def evaluate(
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None = None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
     memo: SftMemo | None = None, controls: Mapping[str, PreTrainedModel] | None = None,
-    missing_eos_penalty: float | None = None, groups: Sequence[str] | None = None,
+    missing_eos_penalty: float | None = None, groups: Sequence[str] | None = None, decoder: Decoder | None = None,
 ) -> EvalResult:
     """Held-out comparison of `policy` with `sft` (which is also the KL reference), with the judge's `terms` one by
     one where the task has them, and a 95 % interval of every figure. `memo`: where the SFT model's samples (its
@@ -136,9 +137,10 @@ def evaluate(
     (`eval.controls`) and the DPO policy (`dpo`, with `dpo.enabled`), each sampled with the policy's seed and compared
     with it prompt by prompt (`versus`).
     `missing_eos_penalty`: PPO's, applied to best-of-n's pick so that it reranks by the score PPO's reward gets.
-    `groups`: each prompt's group (`eval.group_by`'s column), for the figures group by group (`by_group`)."""
+    `groups`: each prompt's group (`eval.group_by`'s column), for the figures group by group (`by_group`).
+    `decoder`: every sampling call's (`generation.Decoder`; default eager)."""
     args = (rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge)
-    kw = {"chunk": chunk, "terms": terms, "runner": runner}
+    kw = {"chunk": chunk, "terms": terms, "runner": runner, "decoder": decoder}
     pol = generate_and_score(policy, sft, *args, **kw)
     base = remembered(memo, cfg.seed, prompts, lambda: generate_and_score(sft, sft, *args, **kw))
     metrics, bounds = compare(pol, base), intervals(pol, base, prompts)
@@ -161,7 +163,7 @@ def evaluate(
         bounds.update(more_bounds)
     if cfg.best_of:
         more, more_bounds, kept = best_of_n(sft, rewards, tokenizer, prompts, cfg, max_prompt_tokens, judge, chunk,
-                                            pol, runner, memo, missing_eos_penalty, arms)
+                                            pol, runner, memo, missing_eos_penalty, arms, decoder)
         metrics.update(more)
         bounds.update(more_bounds)
         for i, row in enumerate(samples[:int(more["best_of_prompts"])]):  # the kept reply of each n beside PPO's

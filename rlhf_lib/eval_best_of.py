@@ -15,6 +15,7 @@ from rlhf_lib.config import EvalConfig
 from rlhf_lib.eval_pairs import Picked, head_to_head
 from rlhf_lib.eval_sampling import Generations, Judge, SftMemo, generate_and_score, remembered
 from rlhf_lib.intervals import mean_interval
+from rlhf_lib.lm.generation import Decoder
 from rlhf_lib.rewards.combine import RewardSet
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
               cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None, chunk: int | None,
               policy: Generations, runner: EpisodeRunner | None = None, memo: SftMemo | None = None,
               missing_eos_penalty: float | None = None, arms: Mapping[str, Generations] | None = None,
-              ) -> tuple[dict[str, float | None], dict[str, tuple[float, float]], dict[int, list[dict]]]:
+              decoder: Decoder | None = None) -> tuple[dict[str, float | None], dict[str, tuple[float, float]], dict[int, list[dict]]]:
     """The best-of-n baselines (`eval.best_of`): max(n) SFT samples of each of the first `eval.best_of_prompts`
     prompts (draw k seeded by eval.seed + 1 + k, so a smaller n's samples are a prefix of a larger n's), the one the
     reward sources score highest kept (less `missing_eos_penalty` on a reply without EOS: PPO's shaping), judged like the policy's replies on the same prompts. Per n: the kept replies'
@@ -52,7 +53,7 @@ def best_of_n(sft: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTok
 
     def draw(k: int) -> Generations:
         return generate_and_score(sft, sft, rewards, tokenizer, sub, cfg.model_copy(update={"seed": cfg.seed + 1 + k}),
-                                  max_prompt_tokens, judge, chunk=chunk, runner=runner)
+                                  max_prompt_tokens, judge, chunk=chunk, runner=runner, decoder=decoder)
 
     draws = [remembered(memo, cfg.seed + 1 + k, sub, partial(draw, k)) for k in range(max(cfg.best_of))]
     scores = torch.stack([d.scores for d in draws], 1)  # (m, max n)

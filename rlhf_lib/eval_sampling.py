@@ -12,7 +12,7 @@ import torch
 
 from rlhf_lib.config import EvalConfig
 from rlhf_lib.envs.base import format_turns
-from rlhf_lib.lm.generation import decode_responses, encode_prompts, ends_with_eos, sample
+from rlhf_lib.lm.generation import Decoder, decode_responses, encode_prompts, ends_with_eos, sample
 from rlhf_lib.lm.kl import kl_per_token
 from rlhf_lib.lm.masked import masked_sum
 from rlhf_lib.lm.scoring import response_logprobs
@@ -50,13 +50,15 @@ def generate_and_score(
     model: PreTrainedModel, ref: PreTrainedModel, rewards: RewardSet, tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str], cfg: EvalConfig, max_prompt_tokens: int, judge: Judge | RewardSet | None,
     chunk: int | None = None, terms: Terms | None = None, runner: EpisodeRunner | None = None,
+    decoder: Decoder | None = None,
 ) -> Generations:
     """Sample `model` on `prompts` (seeded by `cfg.seed`, `cfg.batch_size` prompts at a time), and score each
     response with the reward sources (`rewards`: the RM through its own tokenizer where it has one, functions,
     endpoints), the KL to `ref` (sum over tokens of log pi - log pi_ref, k1, in nats) and the judge. The models may
     sit on any device; the figures come back as float32 on the CPU. `chunk`: response positions projected to the vocabulary at a time in the KL's log-probs.
     With a `runner` (ppo.environment) each prompt is a multi-turn episode: the KL and the length count the policy's
-    own tokens, the text is the last policy turn and `turns` holds each episode turn by turn."""
+    own tokens, the text is the last policy turn and `turns` holds each episode turn by turn. `decoder`: the sampling
+    loop's (`ppo.rollout_engine: compiled` gives a `CompiledDecoder`; default eager)."""
     gen = torch.Generator().manual_seed(cfg.seed)
     texts, scores, parts, lengths, eos, kls, turns, judged = [], [], [], [], [], [], [], []
     batch_size = cfg.batch_size
@@ -73,7 +75,7 @@ def generate_and_score(
         else:
             r, rm, logp = sample(model, q, qm, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                 generator=gen)
+                                 generator=gen, decoder=decoder)
             act = rm
             texts += decode_responses(tokenizer, r, rm)
         # The SFT model and best-of-n's draws are scored against themselves: their KL is 0 by definition (only float

@@ -99,6 +99,9 @@ PPO = (
     _m("time/rollout_s time/score_s time/gae_s time/update_s time/iteration_s time/tokens_per_s",
        "seconds per phase (each a Prefect task), their sum, and generated tokens per second",
        "a phase suddenly slower: contention or a leak"),
+    _m("time/compile_s", "ppo.rollout_engine=compiled: seconds spent compiling the decode step so far (the first "
+       "step of each batch size and cache length; inside time/rollout_s of the iteration that compiled)",
+       "still growing after the first iterations: prompt widths or batch sizes keep changing shape"),
     _m("time/score/<name>_s", "seconds each reward source took in the score phase (this process's rows; the rest of "
        "`time/score_s` is the reference and value forwards)", "a judge or an endpoint many times the RM: its cost"),
     _m("ppo/truncated_prompts", "training prompts cut on the left to fit `model.n_positions - ppo.max_new_tokens` "

@@ -21,6 +21,7 @@ from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.envs.episodes import EpisodeRunner
 from rlhf_lib.eval import evaluate
 from rlhf_lib.eval_groups import group_values
+from rlhf_lib.lm.compiled import CompiledDecoder
 from rlhf_lib.intervals import proportion_interval
 from rlhf_lib.model_dirs import load_causal_lm, load_scalar
 from rlhf_lib.models import fit_length, load_tokenizer, same_tokenizer
@@ -104,7 +105,8 @@ def _build(cfg: PipelineConfig, memo: MemoFor | None = None):
             sft_memo = memo(str(device)) if memo is not None else None
             result = evaluate(policy, sft, rewards, tokenizer, prompts, cfg.eval, max_prompt, judge,
                               chunk=cfg.ppo.logprob_chunk, terms=terms, runner=runner, memo=sft_memo, controls=arms,
-                              missing_eos_penalty=cfg.ppo.missing_eos_penalty, groups=groups)
+                              missing_eos_penalty=cfg.ppo.missing_eos_penalty, groups=groups,
+                              decoder=CompiledDecoder() if cfg.ppo.rollout_engine == "compiled" else None)
         metrics = dict(result.metrics)
         metrics["truncated_prompts"] = prompt_truncations(tokenizer, prompts, max_prompt)
         bounds = dict(result.intervals)

@@ -57,6 +57,8 @@ def resolve_eval(config: PipelineConfig, data: StageResult, sft: StageResult, re
                "resources": {"mixed_precision": config.resources.mixed_precision},
                "rewards": [s.model_dump() for s in config.ppo.rewards],
                "reward_code": reward_code(config.ppo.rewards)}
+    if config.ppo.rollout_engine == "compiled":  # the eval samples through it too (float rounding may differ)
+        section["rollout_engine"] = "compiled"
     if config.eval.best_of and config.ppo.missing_eos_penalty:  # best-of-n reranks with PPO's shaping
         section["best_of_shaping"] = {"missing_eos_penalty": config.ppo.missing_eos_penalty}
     if config.ppo.environment:  # the eval's episodes run the environment too

@@ -164,9 +164,12 @@ class PPOConfig(Section):
                                   "policy's zero-shot log-likelihood on its held-out pairs (the reward stage's "
                                   "rm_no_edge alarm, reward.baselines): PPO would optimise a reward that ranks no "
                                   "better than what the policy already prefers. Off: the alarm is a warning.")
-    rollout_engine: Annotated[Literal["hf", "vllm"], AfterValidator(require_engine)] = Field(
-        "hf", description="Rollout generator: hf (our sampling loop, log-probs from the sampling step) or vllm "
-        "(GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
+    rollout_engine: Annotated[Literal["hf", "compiled", "vllm"], AfterValidator(require_engine)] = Field(
+        "hf", description="Rollout generator: hf (our sampling loop, one eager model call per token, log-probs from "
+        "the sampling step), compiled (the same loop with its decode step compiled on a static KV cache: inductor on "
+        "a CPU, CUDA graphs on a GPU; prompt widths rounded up to a multiple of 64 so a run compiles a few shapes, "
+        "the compile seconds logged as time/compile_s; the eval samples with it too; multi-turn episodes stay eager) "
+        "or vllm (GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
 
     @model_validator(mode="after")
     def _sizes_divide(self) -> "PPOConfig":

@@ -109,6 +109,42 @@ def _draw(logp_all: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return tok.clamp_(max=logp_all.shape[-1] - 1)
 
 
+class Decoder(Protocol):
+    """How `sample` gets each next-token distribution from the model: `prompt_width` may widen the prompt (left
+    padding, so a compiled decoder sees a handful of shapes), `prefill` runs the prompt and `step` one token on the
+    decoder's KV cache. The attention mask `attn` (B, W + R) holds 1 up to the newest token and 0 after it; each
+    returns the last position's logits (B, V). `EagerDecoder` and `rlhf_lib.lm.compiled.CompiledDecoder` are the two."""
+
+    def prompt_width(self, p: int) -> int: ...
+
+    def prefill(self, policy: PreTrainedModel, query: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
+                capacity: int) -> torch.Tensor: ...
+
+    def step(self, token: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, n: int) -> torch.Tensor: ...
+
+
+class EagerDecoder:
+    """One eager model call per token on a preallocated `DynamicCache` (nothing copied as it grows), the mask read
+    up to the newest token. One sampling call's state: a fresh one per call."""
+
+    def prompt_width(self, p: int) -> int:
+        return p
+
+    def prefill(self, policy, query, attn, pos, capacity):
+        self.policy, self.kw = policy, cache_kwarg(type(policy))
+        kv = preallocated_cache(policy, capacity)
+        p = query.shape[1]
+        self.out = policy(input_ids=query, attention_mask=attn[:, :p], position_ids=pos, use_cache=True,
+                          **({self.kw: kv} if kv is not None else {}), **keep_last(policy, 1))
+        return self.out.logits[:, -1]
+
+    def step(self, token, attn, pos, n):
+        cache_now = getattr(self.out, "cache", None) or getattr(self.out, "past_key_values", None)
+        self.out = self.policy(input_ids=token, attention_mask=attn[:, : n + 1], position_ids=pos, use_cache=True,
+                               **{self.kw: cache_now})
+        return self.out.logits[:, -1]
+
+
 @torch.inference_mode()
 def sample(
     policy: PreTrainedModel,
@@ -122,6 +158,7 @@ def sample(
     generator: torch.Generator | None = None,
     stop_at_eos: bool = True,
     shard: RowShard | None = None,
+    decoder: Decoder | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sample responses to left-padded queries.
 
@@ -132,21 +169,24 @@ def sample(
     `accelerate launch`) the rows are this process's slice of a global batch, and the tokens and the number of
     steps are those of sampling the whole batch in one process (`rlhf_lib.distributed.RowShard`).
 
-    Per token: one model call on the KV cache (preallocated, so nothing is copied as it grows), a log-softmax of
-    (B, V), and a write into preallocated outputs. The uniforms for all steps are drawn at once from `generator`
-    (on CPU, so a seed gives the same samples on every device). Outputs are on the policy's device.
+    Per token: one model call through the `decoder` (default `EagerDecoder`; `ppo.rollout_engine: compiled` gives a
+    `CompiledDecoder`), a log-softmax of (B, V), and a write into preallocated outputs. The uniforms for all steps are
+    drawn at once from `generator` (on CPU, so a seed gives the same samples on every device). Outputs are on the
+    policy's device.
     """
     device = next(policy.parameters()).device
+    dec = decoder if decoder is not None else EagerDecoder()
     b, p = query.shape
-    kw = cache_kwarg(type(policy))
-    kv = preallocated_cache(policy, p + max_new_tokens)
+    width = dec.prompt_width(p)
+    if width > p:  # more left padding: the prompt's tokens keep their positions (position_ids count real tokens)
+        query = torch.cat([query.new_full((b, width - p), pad_token_id), query], 1)
+        query_mask = torch.cat([query_mask.new_zeros((b, width - p)), query_mask], 1)
     u = (shard.uniforms(max_new_tokens, b, generator) if shard
          else torch.rand((max_new_tokens, b), generator=generator)).to(device)  # (R, B)
-    attn = torch.ones((b, p + max_new_tokens), dtype=torch.long, device=device)  # (B, P+R); read up to each step
-    attn[:, :p] = query_mask
-    pos = position_ids(attn[:, :p])
-    out = policy(input_ids=query.to(device), attention_mask=attn[:, :p], position_ids=pos, use_cache=True,
-                 **({kw: kv} if kv is not None else {}), **keep_last(policy, 1))
+    attn = torch.zeros((b, width + max_new_tokens), dtype=torch.long, device=device)  # (B, W+R): 1 up to each step
+    attn[:, :width] = query_mask
+    pos = position_ids(attn[:, :width])
+    logits = dec.prefill(policy, query.to(device), attn, pos, width + max_new_tokens)
     next_pos = pos[:, -1:] + 1
 
     tokens = torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
@@ -155,7 +195,7 @@ def sample(
     done = torch.zeros(b, dtype=torch.bool, device=device)
     steps = max_new_tokens
     for step in range(max_new_tokens):
-        logp_all = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)  # (B, V)
+        logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
         tok = _draw(logp_all, u[step])
         logp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
         if stop_at_eos:
@@ -171,8 +211,8 @@ def sample(
             tokens[:, step], logps[:, step], masks[:, step] = tok, logp, 1
         if step == max_new_tokens - 1:
             break
-        cache_now = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-        out = policy(input_ids=tokens[:, step : step + 1], attention_mask=attn[:, : p + step + 1], position_ids=next_pos, use_cache=True, **{kw: cache_now})
+        attn[:, width + step] = 1
+        logits = dec.step(tokens[:, step : step + 1], attn, next_pos, width + step)
         next_pos = next_pos + 1
     return tokens[:, :steps], masks[:, :steps], logps[:, :steps]
 

@@ -13,6 +13,7 @@ from rlhf_lib.config import PPOConfig
 from rlhf_lib.devices import autocast
 from rlhf_lib.distributed import ProcessGroup
 from rlhf_lib.envs.episodes import EpisodeRunner, Episodes
+from rlhf_lib.lm.compiled import CompiledDecoder
 from rlhf_lib.lm.generation import encode_prompts, sample
 from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.models import fit_length, freeze, set_checkpointing
@@ -107,6 +108,7 @@ class PPOSetup:
         self.best: BestPolicy | None = None  # ppo.keep=best: the best held-out evaluation so far
         # vLLM (GPU only) fails here, at stage start, on a machine without one.
         self.engine = rollout_engine(cfg, self.export_policy(), models.tokenizer)
+        self.decoder = CompiledDecoder() if cfg.rollout_engine == "compiled" else None  # kept: each shape compiles once
 
     @torch.inference_mode()
     def _policy_logprobs(self, *rows: torch.Tensor) -> torch.Tensor:

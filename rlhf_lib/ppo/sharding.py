@@ -55,7 +55,7 @@ def check_sizes(cfg: PPOConfig, world: int) -> None:
          f"ppo.rm_offset_samples ({cfg.rm_offset_samples}) must be divisible by resources.num_processes ({world})"),
         (cfg.ptx_coef > 0 and cfg.ptx_batch_size % world,
          f"ppo.ptx_batch_size ({cfg.ptx_batch_size}) must be divisible by resources.num_processes ({world})"),
-        (cfg.rollout_engine != "hf", "ppo.rollout_engine=vllm runs in one process only (resources.num_processes=1)"),
+        (cfg.rollout_engine == "vllm", "ppo.rollout_engine=vllm runs in one process only (resources.num_processes=1)"),
     ]
     for bad, message in checks:
         if bad:

@@ -61,6 +61,8 @@ class PPOTrainer(PPOSetup):
         stats.update({f"time/{phase}_s": s for phase, s in seconds.items()})
         stats["time/iteration_s"] = total
         stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
+        if self.decoder is not None:  # ppo.rollout_engine=compiled: the seconds of its compiles so far, apart
+            stats["time/compile_s"] = self.decoder.compile_seconds
         return ro, stats
 
     # 1. generate ---------------------------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class PPOTrainer(PPOSetup):
                     self.models.policy, query, query_mask, max_new_tokens=c.max_new_tokens,
                     temperature=c.temperature, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                     generator=self.generator, stop_at_eos=c.stop_at_eos, shard=self.group.row_shard(len(prompts)),
+                    decoder=self.decoder,
                 )
             if self.recompute_logprobs:
                 logprobs = self._policy_logprobs(query, query_mask, response, response_mask)
