@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from rlhf_lib.config import ConfigError, PipelineConfig, ResourcesConfig
+from rlhf_lib.config.ppo import COMPILED_PROMPT_BUCKET
 from rlhf_lib.shapes import (
     DTYPE_BYTES,
     Arch,
@@ -150,6 +151,12 @@ def _ppo_static(cfg: PipelineConfig, ms: Models) -> list[Component]:
     return out
 
 
+def _pad(cfg: PipelineConfig) -> int:
+    """Extra KV-cache positions of sampling: ppo.rollout_engine=compiled rounds prompt widths up to a bucket (its
+    static cache is allocated at the rounded width), so up to a bucket - 1 positions of left padding."""
+    return COMPILED_PROMPT_BUCKET - 1 if cfg.ppo.rollout_engine == "compiled" else 0
+
+
 def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
     """1. sampling (KV cache), 2. scoring (reference, values, RM forwards of ppo.score_batch_size rows), 5. update
     (the policy's and the value model's forward + backward over one micro-batch, one after the other; ptx)."""
@@ -162,7 +169,7 @@ def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
     s_rows = min(c.score_batch_size, rows)
     phases = {
         "sampling": [
-            _act("sampling KV cache", kv_cache_bytes(p, rows, t, act_t), "ppo.batch_size", "resources.num_processes",
+            _act("sampling KV cache", kv_cache_bytes(p, rows, t + _pad(cfg), act_t), "ppo.batch_size", "resources.num_processes",
                  "model.n_positions"),
             _act("sampling prompt forward", forward_activations(p, rows * (t - resp), act_t), "ppo.batch_size"),
             _act("sampling logits", logits_bytes(rows, 1, p.vocab, LOGIT_COPIES_INFER))],
@@ -269,7 +276,8 @@ def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
     t = _cap(cfg.model.n_positions, p)
     resp, rows = min(e.max_new_tokens, t - 1), e.batch_size
     phases = {
-        "sampling": [_act("sampling KV cache", kv_cache_bytes(p, rows, t, act), "eval.batch_size", "model.n_positions"),
+        "sampling": [_act("sampling KV cache", kv_cache_bytes(p, rows, t + _pad(cfg), act), "eval.batch_size",
+                          "model.n_positions"),
                      _act("sampling prompt forward", forward_activations(p, rows * (t - resp), act), "eval.batch_size"),
                      _act("sampling logits", logits_bytes(rows, 1, p.vocab, LOGIT_COPIES_INFER))],
         "KL to the SFT model": [

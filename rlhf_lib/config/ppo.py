@@ -11,6 +11,9 @@ from rlhf_lib.config.base import Section
 from rlhf_lib.config.rewards import RewardSource, check_rewards, default_rewards
 
 VLLM_INSTALL_HINT = "pip install 'rlhf-pipeline[vllm]'"
+# ppo.rollout_engine=compiled rounds each prompt width up to a multiple of this (rlhf_lib.lm.compiled): its static KV
+# cache holds up to this many positions - 1 of extra left padding (rlhf_lib.memory counts them).
+COMPILED_PROMPT_BUCKET = 64
 
 
 def vllm_available() -> bool:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlhf_lib.config.ppo import COMPILED_PROMPT_BUCKET
 from rlhf_lib.lm.scoring import cache_kwarg, keep_last
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class CompiledDecoder:
     """A `generation.Decoder` whose step is compiled per (model, batch size, cache length, device); kept across calls
     (a PPO run holds one), so each shape compiles once."""
 
-    def __init__(self, bucket: int = 64):
+    def __init__(self, bucket: int = COMPILED_PROMPT_BUCKET):
         if bucket < 1:
             raise ValueError(f"bucket must be >= 1, got {bucket}")
         self.bucket = bucket
