@@ -10,16 +10,7 @@
 # exits 3 (incomplete) instead. Exit 0: passed; 1: a check failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  for candidate in .venv/bin/python python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1; then PY="$candidate"; break; fi
-  done
-fi
-if [ -z "$PY" ]; then
-  echo "gpu_check: INCOMPLETE: no python here (set PYTHON=...)" >&2
-  exit 3
-fi
+source benchmarks/find_python.sh gpu_check
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader 2>/dev/null || echo "# nvidia-smi: none"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 budget="${GPU_CHECK_TIMEOUT:-480}"

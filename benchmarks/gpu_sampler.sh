@@ -9,13 +9,7 @@
 # The interpreter: $PYTHON, else .venv/bin/python, else python3 (torch with CUDA and transformers).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
-  for candidate in .venv/bin/python python3 python; do
-    if command -v "$candidate" >/dev/null 2>&1; then PY="$candidate"; break; fi
-  done
-fi
-[ -n "$PY" ] || { echo "gpu_sampler: INCOMPLETE: no python here (set PYTHON=...)" >&2; exit 3; }
+source benchmarks/find_python.sh gpu_sampler
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' || {
   echo "gpu_sampler: INCOMPLETE: torch sees no CUDA GPU here" >&2; exit 3; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true
