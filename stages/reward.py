@@ -61,7 +61,11 @@ def resolve_reward(config: PipelineConfig, data: StageResult, sft: StageResult) 
     # base model does not depend on SFT at all.
     section = {"reward": config.reward.model_dump(), "model": config.model.model_dump(),
                **numerics_section(config.resources)}
-    upstream = {} if config.reward.name_or_path else {"sft": sft}
+    upstream = {} if config.reward.name_or_path else {"sft": sft}  # the lineage: what the RM was trained from
+    if config.reward.name_or_path and config.reward.baselines:
+        # Not from the SFT model, but its log-likelihood baseline (and the rm_no_edge alarm) reads it: a new SFT
+        # model is a new key, without tagging the RM as trained from it.
+        fingerprint += sft.digest
     return RewardInputs(frozen(section), frozen(upstream), fingerprint, frozen({"sft": sft}),
                         memory_check(config, "reward"), data_dir=data_dir, data=data, base_model=reward_base(config))
 

@@ -91,3 +91,31 @@ def test_every_stage_resolves_once_and_its_build_calls_no_resolver():
         builds = [f for f in ast.walk(funcs["_build"]) if isinstance(f, ast.FunctionDef) and f.name == "build"]
         assert builds, stage
         assert not names & _calls(builds[0]), (stage, names & _calls(builds[0]))
+
+
+@pytest.mark.parametrize("own_base, baselines, keyed", [(False, True, True), (False, False, True), (True, True, True),
+                                                         (True, False, False)])
+def test_the_reward_key_holds_the_sft_model_whenever_the_stage_reads_it(monkeypatch, tmp_path, own_base, baselines,
+                                                                        keyed):
+    """An RM from its own base model (reward.name_or_path) does not start from the SFT model, but with reward.baselines
+    its log-likelihood baseline (and the rm_no_edge alarm) reads it: the SFT model's digest is in the key then too,
+    while the lineage (upstream) still says the RM was not trained from it."""
+    from rlhf_lib.config import PipelineConfig
+    from stages import reward as reward_stage
+    from stages.cache import StageResult
+
+    monkeypatch.setattr(reward_stage, "download", lambda uri, digest: tmp_path)
+    for name in ("file_digest", "optional_digest", "conversations_digest"):
+        monkeypatch.setattr(reward_stage, name, lambda *a, **k: "d")
+    monkeypatch.setattr(reward_stage, "model_source_digest", lambda *a, **k: "m")
+    monkeypatch.setattr(reward_stage, "reward_base", lambda cfg: None)
+    monkeypatch.setattr(reward_stage, "memory_check", lambda cfg, stage: None)
+    cfg = PipelineConfig.model_validate({"reward": {"baselines": baselines,
+                                                    **({"name_or_path": "/models/rm"} if own_base else {})}})
+    result = dict(status="ran", cache_key="k", mlflow_run_id="r", artifact_uri="a", digest="d1")
+    data, sft = StageResult(stage="data", **result), StageResult(stage="sft", **result)
+    inputs = reward_stage.resolve_reward(cfg, data, sft)
+    other = reward_stage.resolve_reward(cfg, data, sft.model_copy(update={"digest": "d2"}))
+    assert (inputs.fingerprint != other.fingerprint or dict(inputs.upstream) != dict(other.upstream)) is keyed
+    assert "sft" in inputs.models  # read in any case
+    assert ("sft" in inputs.upstream) is not own_base  # the lineage tags: trained from the SFT model or not
