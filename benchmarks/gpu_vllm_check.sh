@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proves the vLLM rollout path (rlhf_lib/ppo/vllm_engine.py) on a CUDA GPU. It does not run without one.
+# Proves the vLLM rollout path (rlhf_lib/lm/vllm_engine.py) on a CUDA GPU. It does not run without one.
 #
 #   pip install -e '.[vllm]'            # on the GPU machine: vllm==0.32.0, built for torch 2.13 (CUDA wheel)
 #   bash benchmarks/gpu_vllm_check.sh   # from the repository root; PYTHON=... picks the interpreter
@@ -23,7 +23,7 @@ import vllm
 from rlhf_lib.models import build_policy, train_tokenizer
 from rlhf_lib.ppo.rollout import encode_prompts, sample
 from rlhf_lib.ppo.scoring import response_logprobs
-from rlhf_lib.ppo.vllm_engine import VLLMRollout
+from rlhf_lib.lm.vllm_engine import VLLMRollout
 
 assert torch.cuda.is_available(), "no CUDA GPU visible"
 figures = {"vllm": vllm.__version__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0)}

@@ -25,7 +25,7 @@ from rlhf_lib.ppo.sampler import PromptSampler
 from rlhf_lib.ppo.shaping import RunningMoments, rm_offset_prompts
 from rlhf_lib.ppo.sharding import check_sizes, prepare_models
 from rlhf_lib.ppo.types import BestPolicy, PPOModels
-from rlhf_lib.ppo.vllm_engine import rollout_engine
+from rlhf_lib.lm.vllm_engine import rollout_engine
 from rlhf_lib.rewards.combine import RewardSet
 from rlhf_lib.rewards.retokenize import RewardScorer
 

@@ -6,7 +6,7 @@ import pytest
 
 from rlhf_lib.config import ConfigError, PPOConfig, build_config
 from rlhf_lib.config.ppo import require_engine, vllm_available
-from rlhf_lib.ppo.vllm_engine import VLLMRollout
+from rlhf_lib.lm.vllm_engine import VLLMRollout
 
 needs_no_vllm = pytest.mark.skipif(vllm_available(), reason="vLLM is installed here: nothing to refuse")
 

@@ -26,7 +26,7 @@ from rlhf_lib.config.ppo import PPOConfig, require_engine
 
 def rollout_engine(cfg: PPOConfig, policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> VLLMRollout | None:
     """The engine `ppo.rollout_engine` asks for: a vLLM engine holding a copy of `policy`, or None for the trainer's
-    own sampling loop (`hf`)."""
+    own sampling loop (`hf` and `compiled`: `rlhf_lib.lm.generation.sample` through its `Decoder`)."""
     if cfg.rollout_engine != "vllm":
         return None
     return VLLMRollout(policy, tokenizer, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
