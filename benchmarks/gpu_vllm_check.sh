@@ -21,8 +21,8 @@ import json, time
 import torch
 import vllm
 from rlhf_lib.models import build_policy, train_tokenizer
-from rlhf_lib.ppo.rollout import encode_prompts, sample
-from rlhf_lib.ppo.scoring import response_logprobs
+from rlhf_lib.lm.generation import encode_prompts, sample
+from rlhf_lib.lm.scoring import response_logprobs
 from rlhf_lib.lm.vllm_engine import VLLMRollout
 
 assert torch.cuda.is_available(), "no CUDA GPU visible"

@@ -6,7 +6,8 @@ One SFT model (`rlhf run sft` with the preset, or `--sft-model`), then for each 
 `data.max_train_rows=N` (the first N valid training rows), one epoch (`reward.max_steps=null`), and the held-out
 file whole (`data.max_rows=null`), so every point is scored on the same held-out pairs. Each point's baselines (prefer
 shorter, zero-shot log-likelihood, n-gram regression and linear probe, the last two trained on the same N pairs)
-read the first `--baseline-pairs` held-out pairs; the RM's accuracy on those same pairs is printed beside them. The
+read the first `--baseline-pairs` held-out pairs, and the RM's lead over each is on those same pairs (its accuracy
+there is a baseline's plus its lead); the RM's own accuracy column covers every held-out pair. The
 settings are the preset's (for smollm2-hh: chosen on validation at 320 pairs, docs/data.md); a point's own choice on
 validation is not made here. Prints a Markdown table after each point and writes --out as JSON.
 
@@ -36,13 +37,22 @@ def point_sets(n: int, baseline_pairs: int | None) -> list[str]:
     return [f"data.max_train_rows={n}", "data.max_rows=null", "reward.max_steps=null", "reward.epochs=1", *cap]
 
 
+def on_baseline_pairs(got: dict) -> str:
+    """The RM's accuracy on the pairs the baselines read: any baseline's accuracy plus the RM's lead over it there."""
+    for b, v in got["baselines"].items():
+        if v is not None and got["leads"].get(b) is not None:
+            return f"{v + got['leads'][b]:.3f}"
+    return "n/a"
+
+
 def row(n: int, got: dict) -> dict:
     if "error" in got:
         return {"training rows": n, "error": got["error"][-200:]}
     lo, hi = got["ci95"]
     steps = got.get("steps")
     return {"training rows": n, "steps": int(steps) if steps else "n/a",
-            "RM accuracy [95 %]": f"{got['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]",
+            "RM accuracy, all held-out pairs [95 %]": f"{got['accuracy']:.3f} [{lo:.3f}, {hi:.3f}]",
+            "RM on the baselines' pairs": on_baseline_pairs(got),
             **{f"{b} (RM's lead)": (f"{v:.3f} ({got['leads'][b]:+.3f})" if v is not None else "n/a")
                for b, v in got["baselines"].items()},
             "seconds": got["seconds"]}

@@ -177,14 +177,16 @@ def evaluate(
 def versus(policy: Generations, arm: Generations, sft: Generations, name: str) -> dict[str, list[float]]:
     """The per-prompt rows of PPO against the control arm `name`, both sampled on the same prompts with the same seed:
     the arm's own figures (`<name>_reward_mean`, `_gold_reward_mean`, `_kl_to_ref`, `_response_length_mean`, its
-    gold win rate over SFT) and PPO's paired lead over it (`reward_lead_over_<name>`, `gold_lead_over_<name>`,
+    win rate over SFT by the judge and by the reward sources, `_rm_win_rate_vs_sft`) and PPO's paired lead over it
+    (`reward_lead_over_<name>`, `gold_lead_over_<name>`,
     `reward_<source>_lead_over_<name>`) and win rates (`win_rate_vs_<name>` by the judge, `rm_win_rate_vs_<name>` by
     the reward sources). Their means are the metrics; a bootstrap over prompts gives the intervals. Shapes: each
     Generations holds N rows; each list here has N values."""
     rows = {f"{name}_reward_mean": arm.scores.tolist(), f"{name}_kl_to_ref": arm.kl_to_ref.tolist(),
             f"{name}_response_length_mean": arm.lengths.tolist(),
             f"reward_lead_over_{name}": (policy.scores - arm.scores).tolist(),
-            f"rm_win_rate_vs_{name}": win_indicators(policy.scores, arm.scores).tolist()}
+            f"rm_win_rate_vs_{name}": win_indicators(policy.scores, arm.scores).tolist(),
+            f"{name}_rm_win_rate_vs_sft": win_indicators(arm.scores, sft.scores).tolist()}
     if policy.gold is not None and arm.gold is not None:
         rows[f"{name}_gold_reward_mean"] = list(arm.gold)
         rows[f"gold_lead_over_{name}"] = [a - b for a, b in zip(policy.gold, arm.gold)]

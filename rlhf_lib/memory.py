@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from rlhf_lib.config import ConfigError, PipelineConfig, ResourcesConfig
-from rlhf_lib.config.ppo import COMPILED_PROMPT_BUCKET
+from rlhf_lib.config.ppo import COMPILED_GRAPHS, COMPILED_PROMPT_BUCKET
 from rlhf_lib.shapes import (
     DTYPE_BYTES,
     Arch,
@@ -151,10 +151,13 @@ def _ppo_static(cfg: PipelineConfig, ms: Models) -> list[Component]:
     return out
 
 
-def _pad(cfg: PipelineConfig) -> int:
-    """Extra KV-cache positions of sampling: ppo.rollout_engine=compiled rounds prompt widths up to a bucket (its
-    static cache is allocated at the rounded width), so up to a bucket - 1 positions of left padding."""
-    return COMPILED_PROMPT_BUCKET - 1 if cfg.ppo.rollout_engine == "compiled" else 0
+def _sampling_cache(cfg: PipelineConfig, a: Arch, rows: int, t: int, act: int) -> int:
+    """Sampling's KV cache. ppo.rollout_engine=compiled rounds prompt widths up to a bucket (its static cache is
+    allocated at the rounded width: up to a bucket - 1 positions of left padding) and keeps the caches of its last
+    two graphs (`rlhf_lib.lm.compiled.MAX_GRAPHS`, e.g. two width buckets)."""
+    if cfg.ppo.rollout_engine != "compiled":
+        return kv_cache_bytes(a, rows, t, act)
+    return COMPILED_GRAPHS * kv_cache_bytes(a, rows, t + COMPILED_PROMPT_BUCKET - 1, act)
 
 
 def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
@@ -169,7 +172,7 @@ def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
     s_rows = min(c.score_batch_size, rows)
     phases = {
         "sampling": [
-            _act("sampling KV cache", kv_cache_bytes(p, rows, t + _pad(cfg), act_t), "ppo.batch_size", "resources.num_processes",
+            _act("sampling KV cache", _sampling_cache(cfg, p, rows, t, act_t), "ppo.batch_size", "resources.num_processes",
                  "model.n_positions"),
             _act("sampling prompt forward", forward_activations(p, rows * (t - resp), act_t), "ppo.batch_size"),
             _act("sampling logits", logits_bytes(rows, 1, p.vocab, LOGIT_COPIES_INFER))],
@@ -276,7 +279,7 @@ def _eval(cfg: PipelineConfig, ms: Models) -> tuple[list[Component], Phases]:
     t = _cap(cfg.model.n_positions, p)
     resp, rows = min(e.max_new_tokens, t - 1), e.batch_size
     phases = {
-        "sampling": [_act("sampling KV cache", kv_cache_bytes(p, rows, t + _pad(cfg), act), "eval.batch_size",
+        "sampling": [_act("sampling KV cache", _sampling_cache(cfg, p, rows, t, act), "eval.batch_size",
                           "model.n_positions"),
                      _act("sampling prompt forward", forward_activations(p, rows * (t - resp), act), "eval.batch_size"),
                      _act("sampling logits", logits_bytes(rows, 1, p.vocab, LOGIT_COPIES_INFER))],

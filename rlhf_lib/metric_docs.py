@@ -203,11 +203,12 @@ EVAL = (
        "by the gold judge and by the reward sources", "lead <= 0 at a KL above best-of-n's: PPO buys less with "
        "its KL than sampling and reranking"),
     _m("eval/<control>_reward_mean eval/<control>_gold_reward_mean eval/<control>_kl_to_ref "
-       "eval/<control>_response_length_mean eval/<control>_no_eos_frac eval/<control>_win_rate_vs_sft",
+       "eval/<control>_response_length_mean eval/<control>_no_eos_frac eval/<control>_win_rate_vs_sft "
+       "eval/<control>_rm_win_rate_vs_sft",
        "each control arm of `eval.controls` (zero_reward, shuffled_reward: PPO with the reward replaced), and the "
        "DPO policy (dpo, with `dpo.enabled`), sampled on the eval prompts with PPO's seed: its reward, gold, KL to "
-       "SFT, length, share without EOS and gold win rate over SFT", "a control far above SFT: the shaping (EOS "
-       "penalty, KL) alone moves the policy"),
+       "SFT, length, share without EOS and win rate over SFT (by the judge; rm_: by the reward sources)",
+       "a control far above SFT: the shaping (EOS penalty, KL) alone moves the policy"),
     _m("eval/gold_lead_over_<control> eval/reward_lead_over_<control> eval/reward_<name>_lead_over_<control> "
        "eval/win_rate_vs_<control> eval/rm_win_rate_vs_<control>",
        "PPO against each control arm (and the DPO policy, dpo) on the same prompts: its paired lead in gold, in the "

@@ -14,6 +14,7 @@ VLLM_INSTALL_HINT = "pip install 'rlhf-pipeline[vllm]'"
 # ppo.rollout_engine=compiled rounds each prompt width up to a multiple of this (rlhf_lib.lm.compiled): its static KV
 # cache holds up to this many positions - 1 of extra left padding (rlhf_lib.memory counts them).
 COMPILED_PROMPT_BUCKET = 64
+COMPILED_GRAPHS = 2  # compiled graphs, each with its static cache, that one decoder keeps (the latest used)
 
 
 def vllm_available() -> bool:

@@ -7,8 +7,11 @@ size and cache length. Prompt widths are rounded up to a multiple of `bucket` (m
 tokens keep their positions), so a run compiles a handful of shapes. The weights are read by the graph as inputs:
 an optimizer step that updates them in place needs no recompile. The prompt itself (prefill) runs eagerly.
 
-Per graph: a `StaticCache` of the batch size and length, zeroed at the start of each call. The first step of a shape
-compiles it: those seconds are `compile_seconds`, apart from the generation's.
+Per graph: a `StaticCache` of the batch size and length, zeroed at the start of each call. At most `COMPILED_GRAPHS` are
+kept (the latest used; a whole batch and the last, partial one): an older graph and its cache are dropped, and its
+shape compiles again if it comes back. Each graph's recompiles count against its own limit (`isolate_recompiles`), so
+many shapes in one process never silently fall back to eager. The first step of a graph compiles it: those seconds
+are `compile_seconds`, apart from the generation's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlhf_lib.config.ppo import COMPILED_PROMPT_BUCKET
+from rlhf_lib.config.ppo import COMPILED_GRAPHS, COMPILED_PROMPT_BUCKET
 from rlhf_lib.lm.scoring import cache_kwarg, keep_last
 
 if TYPE_CHECKING:
@@ -42,11 +45,14 @@ class CompiledDecoder:
         return -(-p // self.bucket) * self.bucket
 
     def _graph(self, policy: PreTrainedModel, batch: int, capacity: int, device: torch.device) -> dict[str, Any]:
-        key = (id(policy), batch, capacity, str(device))
-        graph = self.graphs.get(key)
-        if graph is not None and graph["policy"] is policy:
+        key = (id(policy), batch, capacity, str(device), torch.is_autocast_enabled(device.type))
+        graph = self.graphs.pop(key, None)
+        if graph is not None:
+            self.graphs[key] = graph  # the most recently used last
             graph["cache"].reset()
             return graph
+        while len(self.graphs) >= COMPILED_GRAPHS:  # the oldest graph and its cache go
+            del self.graphs[next(iter(self.graphs))]
         try:
             from transformers.cache_utils import StaticCache
 
@@ -62,7 +68,7 @@ class CompiledDecoder:
             return out.logits[:, -1]
 
         mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
-        graph = {"policy": policy, "cache": kv, "kw": kw, "fn": torch.compile(step, dynamic=False, mode=mode),
+        graph = {"cache": kv, "kw": kw, "fn": torch.compile(step, dynamic=False, mode=mode, isolate_recompiles=True),
                  "compiled": False}
         self.graphs[key] = graph
         return graph

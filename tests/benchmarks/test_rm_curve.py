@@ -20,7 +20,8 @@ def test_a_row_shows_the_accuracy_and_each_baseline_with_the_rms_lead():
     got = {"accuracy": 0.61, "ci95": [0.55, 0.66], "baselines": {"shorter": 0.54, "ngram": None},
            "leads": {"shorter": 0.07, "ngram": None}, "steps": 40.0, "seconds": 600.0}
     r = row(320, got)
-    assert r["RM accuracy [95 %]"] == "0.610 [0.550, 0.660]" and r["steps"] == 40
+    assert r["RM accuracy, all held-out pairs [95 %]"] == "0.610 [0.550, 0.660]" and r["steps"] == 40
+    assert r["RM on the baselines' pairs"] == "0.610"  # shorter's 0.540 + the RM's lead 0.070 there
     assert r["shorter (RM's lead)"] == "0.540 (+0.070)" and r["ngram (RM's lead)"] == "n/a"
     failed = row(160, {"error": "rlhf run reward failed: boom"})
     assert "boom" in failed["error"]

@@ -177,6 +177,7 @@ def test_ppo_against_a_control_arm_is_paired_prompt_by_prompt():
     assert mean["win_rate_vs_zero_reward"] == pytest.approx(2 / 3)
     assert mean["rm_win_rate_vs_zero_reward"] == pytest.approx(0.5)  # win, loss, tie
     assert mean["zero_reward_win_rate_vs_sft"] == pytest.approx(2 / 3)
+    assert mean["zero_reward_rm_win_rate_vs_sft"] == 1.0  # the reward sources: 1 > 0 on every prompt
     assert mean["zero_reward_gold_reward_mean"] == pytest.approx(1 / 3)
     assert mean["zero_reward_reward_mean"] == 1.0 and mean["zero_reward_response_length_mean"] == 4.0
     no_judge = versus(gens([2.0, 0.0]), gens([1.0, 1.0]), gens([0.0, 0.0]), "shuffled_reward")

@@ -307,9 +307,10 @@ def test_dpo_by_hand_is_sft_on_twice_the_rows_and_planned_only_when_enabled():
 
 
 def test_the_compiled_engine_plans_its_static_cache_for_a_bucket_of_left_padding():
-    """ppo.rollout_engine=compiled rounds prompt widths up to 64: the sampling KV cache of PPO (64 rows) and of the eval
-    (eval.batch_size rows) grows by 63 positions, by hand: 2 * 12 layers * 12 heads * 64 * rows * 63 * 4 bytes."""
+    """ppo.rollout_engine=compiled rounds prompt widths up to 64 and keeps two graphs' static caches: the sampling KV
+    cache of PPO (64 rows) and of the eval (eval.batch_size rows) is two caches of 1024 + 63 positions instead of one
+    of 1024, by hand: 2 * 12 layers * 12 heads * 64 * rows * 4 bytes per position."""
     base, compiled = config(), config(ppo={"rollout_engine": "compiled"})
     for stage, rows in (("ppo", base.ppo.batch_size), ("eval", base.eval.batch_size)):
         extra = estimate(compiled, stage).phases["sampling"] - estimate(base, stage).phases["sampling"]
-        assert extra == 2 * 12 * 12 * 64 * rows * 63 * 4, stage
+        assert extra == 2 * 12 * 12 * 64 * rows * 4 * (2 * (1024 + 63) - 1024), stage

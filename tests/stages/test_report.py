@@ -130,3 +130,11 @@ def test_every_policy_in_one_table_and_the_win_matrix_reads_each_pair_once():
     html = render_html({"name": "hh", "lineage": {}, "metrics": metrics, "intervals": bounds,
                         "training_seconds": seconds}, {}, [], None, [])
     assert "Every policy on the same prompts, under the judge" in html and "Paired win rates" in html
+    # without a judge the reward sources decide every cell, the SFT column included
+    no_judge = {k: v for k, v in metrics.items() if "win_rate" not in k and "gold" not in k} | {
+        "rm_win_rate_vs_sft": 0.8, "rm_win_rate_vs_dpo": 0.7, "dpo_rm_win_rate_vs_sft": 0.6,
+        "rm_win_rate_vs_zero_reward": 0.9, "zero_reward_rm_win_rate_vs_sft": 0.4,
+        "dpo_rm_win_rate_vs_zero_reward": 0.75}
+    rows = {r["win rate of ↓ over →"]: r for r in win_matrix(no_judge)}
+    assert rows["DPO policy"]["SFT"] == 0.6 and rows["zero-reward control"]["SFT"] == 0.4
+    assert rows["PPO"]["SFT"] == 0.8 and rows["zero-reward control"]["DPO policy"] == "0.25"

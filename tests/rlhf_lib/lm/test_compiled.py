@@ -66,6 +66,9 @@ def test_the_compiled_decoder_draws_the_eager_tokens_and_compiles_each_shape_onc
     # a prompt width in the same bucket reuses the graph; another batch size is a new one
     assert_same(*both(model, dec, q[:, 2:], m[:, 2:], stop_at_eos=False)) and dec.compiles == 1
     assert_same(*both(model, dec, q[:2], m[:2], stop_at_eos=False)) and dec.compiles == 2
+    # at most two graphs (and caches) are kept: a third shape drops the oldest, which compiles again if it comes back
+    assert_same(*both(model, dec, q[:1], m[:1], stop_at_eos=False)) and dec.compiles == 3 and len(dec.graphs) == 2
+    assert_same(*both(model, dec, q, m, stop_at_eos=False)) and dec.compiles == 4 and len(dec.graphs) == 2
 
 
 def test_a_bucket_must_be_positive():
