@@ -30,7 +30,7 @@ activations, runtime reserve); split, each stage's rule would lose the terms it 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from rlhf_lib.config import ConfigError, PipelineConfig, ResourcesConfig
@@ -148,6 +148,11 @@ def _ppo_static(cfg: PipelineConfig, ms: Models) -> list[Component]:
     if r.num_processes > 1:
         grads = sum(x.bytes for x in out if x.kind == "grads")
         out.append(Component("grads", "DDP gradient buckets", grads, ("resources.num_processes=1",)))
+    if s := c.async_rollouts.staleness:  # the sampler thread's policy, and the trained weights' copies in flight
+        off = ("ppo.async_rollouts.staleness=0",)
+        trained = p.lora_params * 4 if c.lora else p.params * tb
+        out += [Component("weights", "async sampler's policy copy", p.params * tb + (trained if c.lora else 0), off),
+                Component("weights", "async weight copies in flight", s * trained, off)]
     return out
 
 
@@ -212,6 +217,10 @@ def _ppo_phases(cfg: PipelineConfig, ms: Models) -> Phases:
         phases["update: ptx"] = [
             _act("ptx activations", trained_activations(p, ptx_rows * ptx_len, act_t, tb, gc), *keys, *ckpt),
             _act("ptx logits", logits_bytes(ptx_rows, ptx_len, p.vocab, LOGIT_COPIES_TRAIN), *keys)]
+    if c.async_rollouts.staleness:  # the sampler thread's phase runs beside each of the trainer's
+        beside = [replace(x, name=f"{x.name} (async, beside)", keys=x.keys + ("ppo.async_rollouts.staleness=0",))
+                  for x in phases["sampling"]]
+        phases = {k: v if k == "sampling" else [*v, *beside] for k, v in phases.items()}
     return phases
 
 

@@ -102,6 +102,16 @@ PPO = (
     _m("time/compile_s", "ppo.rollout_engine=compiled: seconds spent compiling the decode step so far (the first "
        "step of each batch size and cache length; inside time/rollout_s of the iteration that compiled)",
        "still growing after the first iterations: prompt widths or batch sizes keep changing shape"),
+    _m("time/rollout_wait_s time/overlap_s", "async rollouts (`ppo.async_rollouts`): the seconds the trainer waited "
+       "for its rollout, and the part of the rollout's sampling (time/rollout_s, in the sampler's thread) hidden "
+       "behind the trainer's phases; time/iteration_s is then the wait, score, gae and update",
+       "time/rollout_wait_s near time/rollout_s: nothing is overlapped (sampling is longer than the update)"),
+    _m("async/is_weight_mean async/is_weight_max async/is_truncated_frac", "async rollouts: the importance weights "
+       "pi_old / mu of the tokens (before truncation; mean and max over real tokens) and the share above "
+       "`ppo.async_rollouts.is_cap`", "mean far from 1 or a growing truncated share: the sampler lags too far (the "
+       "is_blowup alarm)"),
+    _m("async/staleness", "async rollouts: updates between the weights that sampled the iteration's rollout and the "
+       "trainer's (0 in a run's first iterations)", "not `ppo.async_rollouts.staleness` later: a resume sampled afresh"),
     _m("time/score/<name>_s", "seconds each reward source took in the score phase (this process's rows; the rest of "
        "`time/score_s` is the reference and value forwards)", "a judge or an endpoint many times the RM: its cost"),
     _m("ppo/truncated_prompts", "training prompts cut on the left to fit `model.n_positions - ppo.max_new_tokens` "

@@ -90,6 +90,16 @@ def as_task(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
     return PHASE_TASKS[phase](fn, *args)
 
 
+def submit_task(phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`as_task.submit`: submit a phase as its Prefect task to the flow's task runner (threads) and return its
+    future: async rollouts (`ppo.async_rollouts`) submit the next rollout task before this iteration's update task."""
+    quiet_loop_task_logs()
+    return PHASE_TASKS[phase].submit(fn, *args)
+
+
+as_task.submit = submit_task  # type: ignore[attr-defined]
+
+
 def _conversations(data_dir: Path, cfg: PipelineConfig, has_rm: bool, prompts: list[str]) -> dict[str, Any]:
     """The messages of PPO's prompts, for an RM with a base model of its own (`stages.data.conversations`)."""
     table = conversations(data_dir, has_rm and bool(cfg.reward.name_or_path))

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from rlhf_lib.config.async_rollouts import AsyncRolloutsConfig
 from rlhf_lib.config.base import Section
 from rlhf_lib.config.rewards import RewardSource, check_rewards, default_rewards
 
@@ -174,6 +175,10 @@ class PPOConfig(Section):
         "a CPU, CUDA graphs on a GPU; prompt widths rounded up to a multiple of 64 so a run compiles a few shapes, "
         "the compile seconds logged as time/compile_s; the eval samples with it too; multi-turn episodes stay eager) "
         "or vllm (GPU only, the `vllm` extra; weights synced after each update, log-probs recomputed by the policy).")
+    async_rollouts: AsyncRolloutsConfig = Field(
+        default_factory=AsyncRolloutsConfig, description="One-step-off-policy rollouts: sample the next iteration's "
+        "rollout while this one updates, corrected by truncated importance weights (`staleness` 0: the synchronous "
+        "loop).")
 
     @model_validator(mode="after")
     def _sizes_divide(self) -> "PPOConfig":
@@ -199,6 +204,12 @@ class PPOConfig(Section):
              f"ppo.max_turns={self.max_turns} needs ppo.environment: without one an episode is one reply"),
             (self.environment is not None and self.rollout_engine == "vllm",
              "ppo.environment: multi-turn rollouts run on rollout_engine 'hf' only"),
+            (self.async_rollouts.staleness and self.environment is not None,
+             "ppo.async_rollouts.staleness > 0 samples single replies: multi-turn episodes (ppo.environment) run "
+             "synchronously (staleness 0)"),
+            (self.async_rollouts.staleness and self.rollout_engine == "vllm",
+             "ppo.async_rollouts.staleness > 0 samples with a copy of the policy in a thread (rollout_engine hf or "
+             "compiled); vLLM keeps its own weights: use staleness 0 with it"),
         ]
         checks.append((self.rm_unit_std and not self.rm_offset_samples,
                        "ppo.rm_unit_std needs ppo.rm_offset_samples > 0: the SFT samples whose score std it "
@@ -221,6 +232,8 @@ class PPOConfig(Section):
         drop = {"environment", "max_turns", "max_episode_tokens"} if self.environment is None else set()
         if self.reward_control == "none":  # a run's key is what it was before control arms existed
             drop.add("reward_control")
+        if not self.async_rollouts.staleness:  # the synchronous loop's key is what it was before async rollouts
+            drop.add("async_rollouts")
         return self.model_dump(exclude=drop or None)
 
     @property

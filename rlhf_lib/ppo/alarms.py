@@ -15,6 +15,9 @@ report lists it, and `ppo.stop_on_alarm` ends the loop.
   first falls under the threshold and again only after it has recovered, not on every iteration.
 - length_explosion: responses running into `max_new_tokens` (mean length above `alarm_length_frac` of it, or most
   of them without EOS).
+- is_blowup: async rollouts (`ppo.async_rollouts`) whose truncated importance weights pi_old / mu exceed the cap on
+  more than `alarm_truncated_frac` of the tokens: the sampler's policy is too far behind the trainer's for the
+  truncated correction to hold.
 - reward_hacking: over the last `alarm_window` iterations the score rises while the gold score falls (where a
   judge exists), while one of several reward sources falls (`ppo.rewards`), or while the mean length grows by more
   than half: the policy is exploiting the reward model (or trading one source for another).
@@ -45,6 +48,7 @@ RULES = {
     "critic_lag": "after `ppo.alarm_after` iterations, the mean `value/explained_variance` of the last "
                   "`ppo.alarm_critic_window` iterations < `ppo.alarm_explained_variance_min` (once per episode of "
                   "lag)",
+    "is_blowup": "`async/is_truncated_frac` > `ppo.async_rollouts.alarm_truncated_frac` (async rollouts only)",
     "reward_hacking": "over the last `ppo.alarm_window` iterations `objective/score_raw` rises while `objective/gold` "
                       "falls (each a least-squares trend beyond `ppo.alarm_min_change` and `ppo.alarm_z` standard "
                       "errors of the trend, from the metric's `_sem`), or one of several reward "
@@ -121,6 +125,10 @@ class AlarmMonitor:
             if entropy < c.alarm_entropy_min:
                 alarms.append(Alarm("entropy_collapse", iteration, f"entropy {entropy:.3f} < {c.alarm_entropy_min:g}"))
             alarms += self._critic_lag(iteration, stats.get("value/explained_variance"))
+        truncated = stats.get("async/is_truncated_frac", 0.0)
+        if truncated > c.async_rollouts.alarm_truncated_frac:
+            alarms.append(Alarm("is_blowup", iteration, f"{truncated:.0%} of the tokens' importance weights above the "
+                                f"cap {c.async_rollouts.is_cap:g} (max {stats.get('async/is_weight_max', 0.0):.3g})"))
         alarms += self._reward_hacking(iteration)
         return alarms
 

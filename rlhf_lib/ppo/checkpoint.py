@@ -9,6 +9,8 @@ loading one never runs code. A checkpoint is a directory:
     rng.safetensors        torch global RNG, the trainer's `torch.Generator` (and CUDA RNGs when CUDA is in use)
     best_policy.safetensors  with `ppo.keep: best` once an evaluation ran: the best policy so far (its weights as
                            saved for registering; which iteration and figure are in state.json)
+    rollouts.safetensors   with `ppo.async_rollouts`: the rollouts already submitted to the sampler, sampled by
+                           weights older than the checkpoint's (their prompts and versions are in state.json)
     state.json             the rest: the optimizer's other values, numpy and python RNG states, the prompt sampler,
                            the KL controller, the iteration, the trainer's running statistics, the config (for
                            reference) and the caller's `extra`
@@ -40,6 +42,7 @@ FORMAT = "rlhf_lib.ppo.checkpoint/2"
 POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE = "policy.safetensors", "value.safetensors", "optimizer.safetensors"
 RNG_FILE, STATE_FILE, COMPLETE_MARKER = "rng.safetensors", "state.json", "COMPLETE"
 BEST_FILE = "best_policy.safetensors"  # optional: only with ppo.keep=best
+ROLLOUTS_FILE = "rollouts.safetensors"  # optional: only with ppo.async_rollouts
 FILES = (POLICY_FILE, VALUE_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE, COMPLETE_MARKER)
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -68,6 +71,8 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
     """
     directory = Path(directory)
     optimizer, opt_tensors = _split_optimizer(trainer.optimizer.state_dict())
+    # Async rollouts: those in flight are waited for first, and saved (the sampler has drawn their prompts).
+    pending, rollouts = trainer.queue.state() if trainer.queue is not None else ([], {})
     sampler = trainer.sampler
     state_text = json.dumps({
         "format": FORMAT,
@@ -80,6 +85,7 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
                     "n_prompts": len(sampler.prompts)},
         "config": trainer.cfg.model_dump(mode="json"),
         "extra": dict(extra or {}),
+        "async_rollouts": pending,
     }, indent=1)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / COMPLETE_MARKER).unlink(missing_ok=True)  # an overwrite is incomplete until it is done
@@ -89,6 +95,8 @@ def save_checkpoint(trainer: PPOTrainer, directory: Path, extra: dict[str, Any] 
     save_file(_torch_rng(trainer.generator), str(directory / RNG_FILE))
     if trainer.best is not None:
         save_file(trainer.best.state, str(directory / BEST_FILE))
+    if rollouts:
+        save_file(rollouts, str(directory / ROLLOUTS_FILE))
     (directory / STATE_FILE).write_text(state_text, encoding="utf-8")
     (directory / COMPLETE_MARKER).write_text(str(trainer.iteration))
     return directory
@@ -114,6 +122,10 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
         rng = load_file(str(directory / RNG_FILE))
         best = load_file(str(directory / BEST_FILE)) if state["trainer"].get("best") else None
         _check_state(trainer, state, rng, directory)
+        pending = (state.get("async_rollouts") or []) if trainer.queue is not None else []
+        rollouts = load_file(str(directory / ROLLOUTS_FILE)) if pending else {}
+        if pending:
+            trainer.queue.check_state(pending, rollouts, str(directory / ROLLOUTS_FILE))
     except (KeyError, TypeError, json.JSONDecodeError, SafetensorError, OSError) as e:
         raise ValueError(f"checkpoint {directory} is unreadable: {type(e).__name__}: {e}") from e
 
@@ -127,6 +139,8 @@ def load_checkpoint(trainer: PPOTrainer, directory: Path) -> dict[str, Any]:
     trainer.sampler.rng.setstate(_python_state(sampler["rng"]))
     trainer.sampler.order, trainer.sampler.pos = list(sampler["order"]), sampler["pos"]
     trainer.iteration = state["iteration"]
+    if trainer.queue is not None:  # a checkpoint of a synchronous run has none: the queue samples them afresh
+        trainer.queue.load_state(pending, rollouts)
     random.setstate(_python_state(state["rng"]["python"]))
     np.random.set_state(tuple(state["rng"]["numpy"]))
     torch.set_rng_state(rng["torch_global"])

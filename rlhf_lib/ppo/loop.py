@@ -201,8 +201,7 @@ def train_ppo(job: PPOJob, sink: Sink | None, workdir: Path, call: Call = direct
         ppo_loop(trainer, sink, cfg.ppo.iterations, workdir / "checkpoints", gold.score if gold else None, call,
                  heldout)
     finally:
-        if trainer.engine is not None:
-            trainer.engine.close()
+        trainer.close()
     if trainer.group.is_main:
         save_model(kept_policy(trainer, sink), trainer.models.tokenizer, Path(job.out_dir))
     if (rendering := trainer.models.reward_rendering) is not None and sink is not None:

@@ -14,13 +14,16 @@ from rlhf_lib.lm.masked import masked_mean
 
 
 def policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate objective of PPO (Schulman et al. 2017, eq. 7), as a loss to minimise.
 
-    Shape: logprobs, old_logprobs, advantages, mask (B, T) -> loss ().
+    Shape: logprobs, old_logprobs, advantages, mask, is_weights (B, T) -> loss ().
     rho_t = exp(log pi(y_t) - log pi_old(y_t))
-    L     = mean_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))    (= -min(...) of the paper)
+    L     = mean_t w_t max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))    (= -min(...) of the paper)
+    w_t: the truncated importance weights of tokens sampled by an older policy (`truncated_is_weights`; constants,
+    no gradient); 1 when `is_weights` is None (the rollout's own policy sampled them).
     Stats: policy_loss; clipfrac, the share of real tokens where the clipped branch is the max (strictly larger,
     so where it has no gradient); approx_kl = mean_t (log rho_t)^2 / 2, the k2 estimator of KL(pi_old || pi)
     (Schulman's "Approximating KL divergence"; the N+ implementation details log it, low variance and >= 0);
@@ -33,7 +36,8 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     pg_unclipped = -advantages * ratio
     pg_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(torch.maximum(pg_unclipped, pg_clipped), m)
+    per_token = torch.maximum(pg_unclipped, pg_clipped)
+    loss = masked_mean(per_token if is_weights is None else is_weights.detach() * per_token, m)
     with torch.no_grad():
         stats = {
             "policy_loss": loss.item(),
@@ -67,3 +71,27 @@ def value_loss(
             "value_clipfrac": masked_mean((loss_clipped > loss_unclipped).float(), m).item(),
         }
     return loss, stats
+
+
+def truncated_is_weights(
+    old_logprobs: Tensor, behaviour_logprobs: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Truncated importance weights of tokens sampled by a stale policy mu for the update of pi_old (one-step-off
+    rollouts, `ppo.async_rollouts`; Ionides 2008; Yao et al. 2025 "truncated importance sampling").
+
+    Shape: old_logprobs, behaviour_logprobs, mask (B, T) -> weights (B, T), 0 on padding.
+    w_t = min(exp(log pi_old(y_t) - log mu(y_t)), cap)
+    Stats over real tokens: is_weight_mean and is_weight_max of the weights before truncation (the mean is about 1
+    while mu and pi_old agree), is_truncated_frac: the share above `cap`.
+    """
+    m = mask.bool()
+    zero = torch.zeros((), dtype=old_logprobs.dtype, device=old_logprobs.device)
+    raw = torch.exp(torch.where(m, old_logprobs - behaviour_logprobs, zero)) * m
+    weights = torch.clamp(raw, max=cap)
+    real = raw[m]
+    stats = {
+        "is_weight_mean": masked_mean(raw, m).item(),
+        "is_weight_max": float(real.max()) if real.numel() else 0.0,
+        "is_truncated_frac": masked_mean((raw > cap).float(), m).item(),
+    }
+    return weights, stats

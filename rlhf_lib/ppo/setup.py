@@ -16,6 +16,7 @@ from rlhf_lib.envs.episodes import EpisodeRunner, Episodes
 from rlhf_lib.lm.compiled import CompiledDecoder
 from rlhf_lib.lm.generation import encode_prompts, sample
 from rlhf_lib.lm.scoring import response_logprobs
+from rlhf_lib.ppo.async_rollouts import RolloutQueue
 from rlhf_lib.models import fit_length, freeze, set_checkpointing
 from rlhf_lib.ppo.critic import Critic, disable_dropout
 from rlhf_lib.ppo.kl import AdaptiveKLController, FixedKLController
@@ -109,6 +110,8 @@ class PPOSetup:
         # vLLM (GPU only) fails here, at stage start, on a machine without one.
         self.engine = rollout_engine(cfg, self.export_policy(), models.tokenizer)
         self.decoder = CompiledDecoder() if cfg.rollout_engine == "compiled" else None  # kept: each shape compiles once
+        # ppo.async_rollouts: the sampler thread's copy of the policy and the rollouts in flight (None: synchronous).
+        self.queue = RolloutQueue(self) if cfg.async_rollouts.staleness else None
 
     @torch.inference_mode()
     def _policy_logprobs(self, *rows: torch.Tensor) -> torch.Tensor:
@@ -138,6 +141,13 @@ class PPOSetup:
     def reference(self) -> PreTrainedModel:
         """The frozen reference: its own model, or (LoRA) the policy, to be called inside `adapters_off`."""
         return self.models.policy if self.peft is not None else self.models.ref
+
+    def close(self) -> None:
+        """Stop the vLLM engine and the sampler thread of async rollouts, if any."""
+        if self.engine is not None:
+            self.engine.close()
+        if self.queue is not None:
+            self.queue.close()
 
     def sync_engine(self) -> None:
         """Load the policy's current weights into the vLLM engine (after each update and after a resume)."""

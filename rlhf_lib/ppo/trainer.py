@@ -22,6 +22,7 @@ from rlhf_lib.lm.generation import encode_prompts, ends_with_eos, sample
 from rlhf_lib.lm.kl import kl_stats
 from rlhf_lib.lm.masked import masked_whiten
 from rlhf_lib.ppo.advantages import compute_rewards, gae, group_advantages
+from rlhf_lib.ppo.losses import truncated_is_weights
 from rlhf_lib.ppo.metrics import advantage_stats, response_stats, update_stats
 from rlhf_lib.ppo.setup import PPOSetup
 from rlhf_lib.ppo.shaping import control_seed, shape_scores, truncate_after_eos
@@ -53,12 +54,21 @@ class PPOTrainer(PPOSetup):
             seconds[phase] = time.perf_counter() - t0
             return out
 
-        ro = timed("rollout", self.rollout)
+        if self.queue is None:
+            ro = timed("rollout", self.rollout)
+        else:  # async rollouts: this one was sampled during an earlier update; the next goes out now
+            t0 = time.perf_counter()
+            ro = self.queue.take(self.iteration, getattr(call, "submit", None))
+            seconds["rollout_wait"] = time.perf_counter() - t0
         timed("score", self.score, ro)
         stats = timed("gae", self.advantages, ro)
         stats.update(timed("update", self.update, ro))
-        total = sum(seconds.values())
+        total = sum(seconds.values())  # the iteration's wall time: an async rollout's sampling is not in it
         stats.update({f"time/{phase}_s": s for phase, s in seconds.items()})
+        if self.queue is not None:
+            stats["time/rollout_s"] = ro.sample_seconds
+            # The sampling hidden behind the trainer's phases (those of the iterations it overlapped).
+            stats["time/overlap_s"] = max(ro.sample_seconds - seconds["rollout_wait"], 0.0)
         stats["time/iteration_s"] = total
         stats["time/tokens_per_s"] = float(ro.response_mask.sum()) / max(total, 1e-9)
         if self.decoder is not None:  # ppo.rollout_engine=compiled: the seconds of its compiles so far, apart
@@ -120,6 +130,11 @@ class PPOTrainer(PPOSetup):
                                                  "completions": [t[-1].text for t in ro.turns]}
             scores = self.rewards(ro.prompts, ro.query, ro.query_mask, ro.response, ro.response_mask, **extra)
         ro.ref_logprobs, ro.values = (None if p[0] is None else torch.cat(p) for p in zip(*parts))
+        if ro.behaviour_logprobs is not None and (ro.version != self.iteration or self.recompute_logprobs):
+            # An async rollout sampled by an older policy (mu): the update's pi_old is the policy now. (One sampled
+            # by the current weights keeps its sampling log-probs, as the synchronous loop does in float32.)
+            ro.logprobs = self._policy_logprobs(ro.query, ro.query_mask, ro.response, ro.response_mask) \
+                * ro.response_mask
         ro.raw_scores, ro.score_parts = scores.total, scores.parts
         self.score_seconds = scores.seconds
 
@@ -153,6 +168,11 @@ class PPOTrainer(PPOSetup):
         ro.advantages = masked_whiten(advantages, mask) if whiten else advantages
         kl = kl_stats(ro.logprobs, ro.ref_logprobs, mask)
         stats = advantage_stats(ro, advantages, kl, self.kl_ctl.value, score_stats, reward_stats)
+        if ro.behaviour_logprobs is not None:  # async rollouts: the truncated importance weights pi_old / mu
+            ro.is_weights, is_stats = truncated_is_weights(ro.logprobs, ro.behaviour_logprobs, mask,
+                                                           c.async_rollouts.is_cap)
+            stats.update({f"async/{k}": v for k, v in is_stats.items()})
+            stats["async/staleness"] = float(self.iteration - (ro.version or 0))
         stats.update({"objective/rm_offset": self.rm_offset or 0.0, "objective/rm_scale": self.rm_scale})
         if ro.score_parts:
             stats.update(part_stats(ro.score_parts, self.rewards.weights))

@@ -31,6 +31,11 @@ class Rollout:
                                 None = every real response token is the policy's. `policy_mask` is the one to use.
         env_returns:     (B,)   multi-turn only: the sum of the environment's rewards over each episode.
         turns:           multi-turn only: each row's turns as text, for the report (rlhf_lib.envs.Turn).
+    Filled by the sampler thread of `ppo.async_rollouts` (staleness > 0; rlhf_lib.ppo.async_rollouts):
+        behaviour_logprobs: (B, R) log mu(token): the sampling policy's, `version` updates old; `logprobs` is then
+                                recomputed by the policy that trains on the rollout (score).
+        version:         how many updates the sampling weights had had (the trainer's `iteration` when copied).
+        sample_seconds:  the sampling's own seconds in its thread.
     Filled by `score` (2. score):
         ref_logprobs:    (B, R) log pi_ref(token) at the same temperature.
         values:          (B, R) V(state before each response token) from the critic; None without one.
@@ -42,6 +47,7 @@ class Rollout:
         rewards:         (B, R) per-token reward: -beta * KL, plus the score on the last policy token.
         advantages:      (B, R) GAE advantages (whitened when configured), 0 on padding.
         returns:         (B, R) advantages + values before whitening: the value model's target.
+        is_weights:      (B, R) async rollouts only: min(pi_old / mu, ppo.async_rollouts.is_cap) per token.
     """
 
     query: torch.Tensor
@@ -61,6 +67,10 @@ class Rollout:
     rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    behaviour_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+    version: int | None = None
+    sample_seconds: float = 0.0
 
     @property
     def batch_size(self) -> int:

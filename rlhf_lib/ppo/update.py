@@ -80,7 +80,7 @@ def _micro_backward(policy: PreTrainedModel, critic: Critic, mb: Rollout, cfg: P
     loss = torch.zeros((), dtype=torch.float32, device=mask.device)
     stats: dict[str, float] = {}
     if logprobs is not None:
-        pg, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_eps)
+        pg, pg_stats = policy_loss(logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_eps, mb.is_weights)
         loss = loss + pg
         stats.update(pg_stats)
         if ent_tokens is not None:

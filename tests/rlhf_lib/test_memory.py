@@ -314,3 +314,18 @@ def test_the_compiled_engine_plans_its_static_cache_for_a_bucket_of_left_padding
     for stage, rows in (("ppo", base.ppo.batch_size), ("eval", base.eval.batch_size)):
         extra = estimate(compiled, stage).phases["sampling"] - estimate(base, stage).phases["sampling"]
         assert extra == 2 * 12 * 12 * 64 * rows * 4 * (2 * (1024 + 63) - 1024), stage
+
+
+def test_async_rollouts_plan_the_samplers_copy_the_weights_in_flight_and_its_cache_beside_each_phase():
+    """ppo.async_rollouts.staleness s: one more policy (the sampler's) and s copies of the trained weights, by hand
+    4 * GPT2 * (1 + s) bytes; the sampling phase's activations (KV cache, prompt forward, logits) added to every
+    other phase, which the sampler thread runs beside (on a GPU: no CPU heap slack on the training phases)."""
+    gpu = {"device": "cuda"}
+    base = estimate(config(resources=gpu), "ppo")
+    for s in (1, 2):
+        est = estimate(config(ppo={"async_rollouts": {"staleness": s}}, resources=gpu), "ppo")
+        assert est.by_kind()["weights"] - base.by_kind()["weights"] == 4 * GPT2 * (1 + s)
+        assert est.phases["sampling"] == base.phases["sampling"]
+        for phase in base.phases:
+            if phase != "sampling":
+                assert est.phases[phase] == base.phases[phase] + base.phases["sampling"], phase

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlhf_lib.config import PPOConfig
+from rlhf_lib.config.async_rollouts import AsyncRolloutsConfig
 from rlhf_lib.models import build_policy, build_scalar_model
 from rlhf_lib.ppo import checkpoint as ckpt
 from rlhf_lib.ppo.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -28,6 +29,9 @@ CFGS = {
                                          lr_schedule="linear", iterations=4, gradient_accumulation_steps=3)),
     "rloo": CFG.model_copy(update=dict(advantage_estimator="rloo", group_size=3, missing_eos_penalty=1.0)),
     "lora": CFG.model_copy(update=dict(lora=True, lora_r=2, lr=1e-2)),
+    # async rollouts: the checkpoint holds the rollouts in flight, sampled by weights older than its own
+    "async1": CFG.model_copy(update=dict(async_rollouts=AsyncRolloutsConfig(staleness=1))),
+    "async2_lora": CFG.model_copy(update=dict(async_rollouts=AsyncRolloutsConfig(staleness=2), lora=True, lora_r=2, lr=1e-2)),
 }
 
 
