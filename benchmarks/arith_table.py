@@ -77,11 +77,14 @@ def fmt(ev: dict, key: str) -> str:
     return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
-def table_args(doc: str, estimators: str) -> tuple[argparse.Namespace, list[str]]:
-    """The arguments of a learning table's command (this one, chain_table.py), and its `--set`s as CLI words."""
+def table_args(doc: str, estimators: str, **more: str) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments of a learning table's command (this one, chain_table.py, async_table.py: `more` adds options
+    with their defaults), and its `--set`s as CLI words."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--estimators", default=estimators)
+    for name, default in more.items():
+        ap.add_argument(f"--{name}", default=default)
     ap.add_argument("--set", action="append", default=[], dest="sets")
     ap.add_argument("--home", type=Path, default=Path.home() / ".rlhf")
     ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
