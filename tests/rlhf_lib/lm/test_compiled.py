@@ -63,6 +63,8 @@ def test_the_compiled_decoder_draws_the_eager_tokens_and_compiles_each_shape_onc
         for p in model.parameters():
             p.mul_(1.5)
     assert_same(*both(model, dec, q, m, seed=4, stop_at_eos=False)) and dec.compiles == 1
+    if kind == "llama":  # the graph bookkeeping below does not depend on the model: once (GPT-2) is enough
+        return
     # a prompt width in the same bucket reuses the graph; another batch size is a new one
     assert_same(*both(model, dec, q[:, 2:], m[:, 2:], stop_at_eos=False)) and dec.compiles == 1
     assert_same(*both(model, dec, q[:2], m[:2], stop_at_eos=False)) and dec.compiles == 2
