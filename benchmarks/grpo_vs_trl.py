@@ -12,7 +12,7 @@ project's sampler, one seed, T 0.7) scores every saved policy on the 250 held-ou
 trained on), with cluster intervals over problems. The table: held-out exact match against training seconds per
 side and seed, the seconds ours needs to reach TRL's final accuracy (the first saved point at or above it) over
 TRL's whole run, and each side's peak RSS. Sides run one after another, alone: a figure from a shared host is not a
-figure. `--ours` arms: grpo, grpo-async (staleness 1), ppo, ppo-async. TRL runs in benchmarks/.trl-venv (built by
+figure. Runs already in the folder's record.json (same settings) are kept: a later call adds arms or seeds. `--ours` arms: grpo, grpo-async (staleness 1), ppo, ppo-async. TRL runs in benchmarks/.trl-venv (built by
 setup_trl_venv.sh when missing).
 """
 
@@ -171,11 +171,17 @@ def main() -> int:
     # TRL 1.12's GRPO trainer imports `requests` (its vLLM client) at import; the PPO baseline's pinned venv lacks it.
     if subprocess.run([str(python), "-c", "import requests"], capture_output=True).returncode:
         subprocess.run([str(python), "-m", "pip", "install", "-q", "requests"], check=True)
-    start = evaluate(Path(inputs["model_dir"]), inputs["eval"])
-    record: dict = {"start": start, "settings": inputs["settings"], "runs": {}}
+    # An earlier record of the same settings in this folder: its evaluated runs are kept, not run again (add arms).
+    old = json.loads((directory / "record.json").read_text()) if (directory / "record.json").exists() else {}
+    same = old.get("settings") == inputs["settings"]
+    start = old["start"] if same else evaluate(Path(inputs["model_dir"]), inputs["eval"])
+    record: dict = {"start": start, "settings": inputs["settings"], "runs": old.get("runs", {}) if same else {},
+                    **({"same_inputs": old["same_inputs"]} if same and "same_inputs" in old else {})}
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in ["trl", *args.ours.split(",")]:
             name = f"{arm}-{seed}"
+            if name in record["runs"]:
+                continue
             cmd = ([str(python), str(HERE / "trl_grpo_side.py"), str(directory), str(seed)] if arm == "trl" else
                    [sys.executable, __file__, "--home", str(args.home), "--dir", str(directory), "--side", arm,
                     str(seed), *[x for s in args.sets for x in ("--set", s)]])
@@ -190,7 +196,8 @@ def main() -> int:
                 shutil.rmtree(directory / name / f"iter_{p['iteration']:04d}")
             record["runs"][name] = run
             (directory / "record.json").write_text(json.dumps(record, indent=1))
-    print(table(record, args.seeds, ["trl", *args.ours.split(",")]))
+    arms = ["trl", *dict.fromkeys(n.rsplit("-", 1)[0] for n in record["runs"] if not n.startswith("trl-"))]
+    print(table(record, args.seeds, arms))
     return 0
 
 
